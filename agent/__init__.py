@@ -1,0 +1,1 @@
+"""The per-host c4 agent: collectors -> reports -> wire -> aggregator."""

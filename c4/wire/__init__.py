@@ -1,0 +1,94 @@
+"""Wire protocol v1: one msgpack map per ZeroMQ frame, validated on decode.
+
+The envelope and every kind are specified in docs/wire.md; the schemas below are the source
+of truth and the doc's field tables are generated from them (`python -m c4.wire.doc`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from . import kinds
+from .schema import Invalid
+
+MAJOR = 1
+MINOR = 0
+SUPPORTED_MAJORS = (1,)
+DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a report of 1,000 flows and 64 ports fits in ~200 KiB
+
+# Why a frame was rejected; each has a counter in the aggregator.
+REJECT_REASONS = (
+    "too_large", "malformed", "bad_envelope", "unsupported_version", "unknown_kind", "bad_body",
+    "unexpected_kind", "unknown_host",
+)
+
+
+class Rejected(ValueError):
+    """A frame that cannot be accepted. `code` is one of REJECT_REASONS."""
+
+    def __init__(self, code: str, detail: str, frame: dict | None = None) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+        self.frame = frame  # the decoded envelope when it got that far (to address a reply)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: str
+    host: str
+    boot: str
+    seq: int
+    ts: float
+    body: dict[str, Any]
+    version: tuple[int, int] = (MAJOR, MINOR)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": list(self.version), "kind": self.kind, "host": self.host, "boot": self.boot,
+                "seq": self.seq, "ts": self.ts, "body": self.body}
+
+
+def encode(frame: Frame, validate: bool = True) -> bytes:
+    """Encode a frame. Validation on the sending side catches our own bugs before a peer does."""
+    if validate:
+        kinds.validate_body(frame.kind, frame.body)
+    return msgpack.packb(frame.to_dict(), use_bin_type=True)
+
+
+def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> Frame:
+    """Decode and validate one frame, or raise Rejected with the reason."""
+    if len(data) > max_frame:
+        raise Rejected("too_large", f"{len(data)} bytes > limit {max_frame}")
+    try:
+        obj = msgpack.unpackb(
+            data, raw=False, use_list=True, strict_map_key=True,
+            max_str_len=max_frame, max_bin_len=max_frame,
+            max_array_len=max_frame, max_map_len=max_frame, max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise Rejected("malformed", f"not a msgpack value: {type(exc).__name__}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise Rejected("malformed", f"frame is a {type(obj).__name__}, expected a map")
+    try:
+        env = kinds.ENVELOPE.check(obj)
+    except Invalid as exc:
+        raise Rejected("bad_envelope", str(exc), obj if isinstance(obj.get("host"), str) else None)
+    major, minor = env["v"]
+    if major not in SUPPORTED_MAJORS:
+        raise Rejected("unsupported_version",
+                       f"protocol {major}.{minor} is not supported; this end speaks "
+                       f"{', '.join(f'{m}.x' for m in SUPPORTED_MAJORS)}", env)
+    if env["kind"] not in kinds.BODIES:
+        raise Rejected("unknown_kind", f"unknown kind {env['kind']!r}", env)
+    try:
+        body = kinds.validate_body(env["kind"], env["body"])
+    except Invalid as exc:
+        raise Rejected("bad_body", f"{env['kind']}: {exc}", env)
+    return Frame(env["kind"], env["host"], env["boot"], env["seq"], env["ts"], body,
+                 (major, minor))
+
+
+__all__ = ["Frame", "Rejected", "encode", "decode", "MAJOR", "MINOR", "DEFAULT_MAX_FRAME",
+           "REJECT_REASONS", "Invalid"]

@@ -1,0 +1,163 @@
+"""Schemas of the envelope and of every kind's body (wire protocol v1)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .schema import (
+    SECONDS, U32, U64, Bool, Enum, Float, Int, Invalid, List, Map, Nullable, Record, Str,
+)
+from .sections import EVENTS, SECTIONS
+
+HOST = Str(253, r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+IDENT = Str(64, r"[A-Za-z0-9_.:\-]+")
+PORT16 = Int(0, 65535)
+
+ENVELOPE = Record(
+    required={
+        "v": List(Int(0, 65535), 2),
+        "kind": Str(32),
+        "host": HOST,
+        "boot": IDENT,
+        "seq": U64,
+        "ts": SECONDS,
+        "body": Record({}, open=True),
+    },
+    doc={
+        "v": "[major, minor] protocol version; a peer rejects an unknown major",
+        "kind": "what the body is: hello, report, event, ack, plan, plan_result, error",
+        "host": "sender's host name (the aggregator uses its own name in replies)",
+        "boot": "sender incarnation: a random id chosen at process start; `seq` restarts at 1 "
+                "under a new boot",
+        "seq": "per (host, boot) sequence number, +1 per frame, starting at 1",
+        "ts": "sender wall clock, seconds since the epoch",
+        "body": "the kind's body (below)",
+    },
+)
+
+HEALTH = Map(IDENT, Record(required={"ok": Bool()}, optional={"reason": Str(512)},
+                           doc={"ok": "collector running", "reason": "why it is disabled"}), 64)
+
+GID = Str(39, r"[0-9a-f]{4}(:[0-9a-f]{4}){7}")
+INV_PORT = Record(
+    required={"port": Int(1, 255), "state": Str(32)},
+    optional={
+        "link_layer": Str(32), "rate_gbps": Float(0, 1e5), "netdev": Nullable(IDENT),
+        "gids": List(GID, 256), "rail": Nullable(Int(0, 1023)),
+    },
+    doc={"port": "port number", "state": "port state", "link_layer": "`Ethernet` or `InfiniBand`",
+         "rate_gbps": "link rate", "netdev": "RoCE netdev", "gids": "non-zero GIDs in table order",
+         "rail": "rail / plane index from config (nil if unknown)"},
+)
+INV_NIC = Record(
+    required={"dev": IDENT, "ports": List(INV_PORT, 64)},
+    optional={"node_guid": Str(32), "fw_ver": Str(64), "board_id": Str(64), "hca_type": Str(64)},
+    doc={"dev": "RDMA device name", "ports": "its ports", "node_guid": "node GUID",
+         "fw_ver": "firmware version", "board_id": "board id", "hca_type": "HCA type"},
+)
+
+HELLO = Record(
+    required={
+        "agent_version": Str(64),
+        "interval": Float(0.01, 3600),
+        "collectors": HEALTH,
+        "nics": List(INV_NIC, 256),
+    },
+    optional={
+        "kernel_boot_id": Str(64),
+        "kernel": Str(128),
+        "netdevs": List(Record(required={"name": IDENT}, optional={
+            "mac": Str(32), "mtu": Int(0, 1 << 20), "addrs": List(Str(64), 64)},
+            doc={"name": "interface", "mac": "hardware address", "mtu": "MTU",
+                 "addrs": "IP addresses"}), 1024),
+        "labels": Map(IDENT, Str(256), 64),
+    },
+    doc={
+        "agent_version": "agent software version",
+        "interval": "report interval in seconds; the aggregator derives silence from it",
+        "collectors": "collector name -> health",
+        "nics": "RDMA devices and ports",
+        "kernel_boot_id": "/proc/sys/kernel/random/boot_id (a reboot changes it)",
+        "kernel": "kernel release",
+        "netdevs": "network interfaces",
+        "labels": "free-form labels from the agent config (rack, job scheduler node name)",
+    },
+)
+
+REPORT = Record(
+    required={"interval": Float(0, 3600), "health": HEALTH},
+    optional=dict(SECTIONS),
+    doc={"interval": "seconds covered by this report (measured, not configured)",
+         "health": "collector name -> health", **{n: f"`{n}` section (below)" for n in SECTIONS}},
+)
+
+SEVERITY = Enum(("info", "warning", "error", "critical"))
+EVENT_HEAD = Record(
+    required={"type": Str(64), "severity": SEVERITY, "attrs": Record({}, open=True)},
+    optional={"msg": Str(2048), "device": Nullable(Str(128))},
+    doc={"type": "event type (below)", "severity": "info, warning, error or critical",
+         "attrs": "the type's attributes (below)", "msg": "human text (e.g. the kernel log line)",
+         "device": "the device it concerns (RDMA device, PCI address, netdev)"},
+)
+
+ACK = Record(
+    required={"boot": IDENT, "seq": U64},
+    doc={"boot": "the agent boot this ack is for",
+         "seq": "highest seq such that every frame 1..seq of that boot is stored"},
+)
+
+ASSIGNMENT = Record(
+    required={"id": IDENT, "proto": Enum(("roce", "tcp")), "sport": PORT16},
+    optional={"dev": Nullable(IDENT), "lqpn": U32, "rqpn": U32, "pid": U32,
+              "src": Str(64), "dst": Str(64), "dport": PORT16, "old_sport": PORT16},
+    doc={"id": "assignment id, echoed in plan_result", "proto": "`roce` (a QP) or `tcp`",
+         "sport": "UDP/TCP source port to use", "dev": "RDMA device of the QP",
+         "lqpn": "local QP number", "rqpn": "remote QP number", "pid": "owning process",
+         "src": "source address", "dst": "destination address", "dport": "destination port",
+         "old_sport": "the port the planner believes the flow uses now"},
+)
+PLAN = Record(
+    required={"plan_id": IDENT, "assignments": List(ASSIGNMENT, 65536)},
+    optional={"epoch": U64, "reason": Str(256)},
+    doc={"plan_id": "plan identifier", "assignments": "source-port assignments for this host",
+         "epoch": "planner epoch; a lower epoch than one applied is ignored",
+         "reason": "why the plan was made"},
+)
+PLAN_RESULT = Record(
+    required={
+        "plan_id": IDENT,
+        "applied": List(Record(required={"id": IDENT, "sport": PORT16},
+                               doc={"id": "assignment id", "sport": "port now in use"}), 65536),
+        "failed": List(Record(required={"id": IDENT, "reason": Str(512)},
+                              doc={"id": "assignment id", "reason": "why it failed"}), 65536),
+    },
+    doc={"plan_id": "the plan", "applied": "assignments in effect", "failed": "assignments not "
+         "applied, with the reason (e.g. `EOPNOTSUPP` from the NIC firmware)"},
+)
+ERROR = Record(
+    required={"code": Str(32), "reason": Str(1024)},
+    optional={"ref_seq": Nullable(U64), "supported": List(Int(0, 65535), 16)},
+    doc={"code": "a reject reason (docs/wire.md#rejections)", "reason": "human explanation",
+         "ref_seq": "seq of the offending frame when known",
+         "supported": "protocol majors the aggregator speaks (for unsupported_version)"},
+)
+
+BODIES: dict[str, Record] = {
+    "hello": HELLO, "report": REPORT, "event": EVENT_HEAD, "ack": ACK, "plan": PLAN,
+    "plan_result": PLAN_RESULT, "error": ERROR,
+}
+# Which direction each kind travels: the aggregator rejects agent-bound kinds from agents.
+FROM_AGENT = frozenset({"hello", "report", "event", "plan_result"})
+TO_AGENT = frozenset({"ack", "plan", "error"})
+
+
+def validate_body(kind: str, body: Any) -> dict[str, Any]:
+    spec = BODIES.get(kind)
+    if spec is None:
+        raise Invalid("kind", f"unknown kind {kind!r}")
+    out = spec.check(body, "body")
+    if kind == "event":
+        attrs_spec = EVENTS.get(out["type"])
+        if attrs_spec is None:
+            raise Invalid("body.type", f"unknown event type {out['type']!r}")
+        out["attrs"] = attrs_spec.check(out["attrs"], "body.attrs")
+    return out

@@ -1,0 +1,300 @@
+"""A small declarative schema language for wire bodies.
+
+Every kind and every report section is described with these specs; decoding validates a
+decoded msgpack value against its spec and raises `Invalid` with the path of the first bad
+field.  The same specs render the field tables in docs/wire.md (`describe`).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = [
+    "Invalid", "Spec", "Int", "Float", "Str", "Bool", "Bytes", "Enum", "List", "Map",
+    "Record", "Nullable", "Scalar", "OneOf", "U32", "U64", "I64", "COUNTER", "SECONDS",
+]
+
+
+class Invalid(ValueError):
+    """A value does not match its schema. `path` points at the offending field."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path or '<root>'}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+class Spec:
+    def check(self, value: Any, path: str = "") -> Any:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+def _tname(value: Any) -> str:
+    return type(value).__name__
+
+
+@dataclass(frozen=True)
+class Int(Spec):
+    min: int | None = None
+    max: int | None = None
+
+    def check(self, value: Any, path: str = "") -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Invalid(path, f"expected integer, got {_tname(value)}")
+        if self.min is not None and value < self.min:
+            raise Invalid(path, f"{value} is below the minimum {self.min}")
+        if self.max is not None and value > self.max:
+            raise Invalid(path, f"{value} is above the maximum {self.max}")
+        return value
+
+    def describe(self) -> str:
+        lo = "" if self.min is None else str(self.min)
+        hi = "" if self.max is None else str(self.max)
+        return f"int [{lo}..{hi}]" if lo or hi else "int"
+
+
+U32 = Int(0, 2**32 - 1)
+U64 = Int(0, 2**64 - 1)
+I64 = Int(-(2**63), 2**63 - 1)
+COUNTER = U64
+
+
+@dataclass(frozen=True)
+class Float(Spec):
+    """A finite number; integers are accepted (msgpack encoders may shorten 2.0 to 2)."""
+
+    min: float | None = None
+    max: float | None = None
+
+    def check(self, value: Any, path: str = "") -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Invalid(path, f"expected number, got {_tname(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise Invalid(path, "number is not finite")
+        if self.min is not None and value < self.min:
+            raise Invalid(path, f"{value} is below the minimum {self.min}")
+        if self.max is not None and value > self.max:
+            raise Invalid(path, f"{value} is above the maximum {self.max}")
+        return float(value)
+
+    def describe(self) -> str:
+        lo = "" if self.min is None else f"{self.min:g}"
+        hi = "" if self.max is None else f"{self.max:g}"
+        return f"number [{lo}..{hi}]" if lo or hi else "number"
+
+
+SECONDS = Float(0.0, 1e12)
+
+
+@dataclass(frozen=True)
+class Str(Spec):
+    max_len: int = 256
+    pattern: str | None = None
+    min_len: int = 0
+
+    def check(self, value: Any, path: str = "") -> str:
+        if not isinstance(value, str):
+            raise Invalid(path, f"expected string, got {_tname(value)}")
+        if len(value) > self.max_len:
+            raise Invalid(path, f"string longer than {self.max_len}")
+        if len(value) < self.min_len:
+            raise Invalid(path, f"string shorter than {self.min_len}")
+        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            raise Invalid(path, f"{value!r} does not match {self.pattern}")
+        return value
+
+    def describe(self) -> str:
+        extra = f", /{self.pattern}/" if self.pattern else ""
+        return f"str (<= {self.max_len}{extra})"
+
+
+@dataclass(frozen=True)
+class Bool(Spec):
+    def check(self, value: Any, path: str = "") -> bool:
+        if not isinstance(value, bool):
+            raise Invalid(path, f"expected bool, got {_tname(value)}")
+        return value
+
+    def describe(self) -> str:
+        return "bool"
+
+
+@dataclass(frozen=True)
+class Bytes(Spec):
+    max_len: int = 64
+
+    def check(self, value: Any, path: str = "") -> bytes:
+        if not isinstance(value, bytes):
+            raise Invalid(path, f"expected bytes, got {_tname(value)}")
+        if len(value) > self.max_len:
+            raise Invalid(path, f"bytes longer than {self.max_len}")
+        return value
+
+    def describe(self) -> str:
+        return f"bin (<= {self.max_len})"
+
+
+@dataclass(frozen=True)
+class Enum(Spec):
+    values: tuple[str, ...]
+
+    def check(self, value: Any, path: str = "") -> str:
+        if value not in self.values or not isinstance(value, str):
+            raise Invalid(path, f"{value!r} is not one of {', '.join(self.values)}")
+        return value
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(f"`{v}`" for v in self.values)
+
+
+@dataclass(frozen=True)
+class Scalar(Spec):
+    """Any msgpack scalar (nil, bool, int, finite float, short string)."""
+
+    max_len: int = 256
+
+    def check(self, value: Any, path: str = "") -> Any:
+        if value is None or isinstance(value, (bool, int)):
+            return value
+        if isinstance(value, float):
+            return Float().check(value, path)
+        if isinstance(value, str):
+            return Str(self.max_len).check(value, path)
+        raise Invalid(path, f"expected a scalar, got {_tname(value)}")
+
+    def describe(self) -> str:
+        return "scalar"
+
+
+@dataclass(frozen=True)
+class Nullable(Spec):
+    inner: Spec
+
+    def check(self, value: Any, path: str = "") -> Any:
+        return None if value is None else self.inner.check(value, path)
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} or nil"
+
+
+@dataclass(frozen=True)
+class OneOf(Spec):
+    options: tuple[Spec, ...]
+
+    def check(self, value: Any, path: str = "") -> Any:
+        reasons = []
+        for opt in self.options:
+            try:
+                return opt.check(value, path)
+            except Invalid as exc:
+                reasons.append(exc.reason)
+        raise Invalid(path, "matches none of: " + "; ".join(reasons))
+
+    def describe(self) -> str:
+        return " | ".join(o.describe() for o in self.options)
+
+
+@dataclass(frozen=True)
+class List(Spec):
+    item: Spec
+    max_len: int = 1024
+
+    def check(self, value: Any, path: str = "") -> list:
+        if not isinstance(value, (list, tuple)):
+            raise Invalid(path, f"expected array, got {_tname(value)}")
+        if len(value) > self.max_len:
+            raise Invalid(path, f"array longer than {self.max_len}")
+        return [self.item.check(v, _join(path, i)) for i, v in enumerate(value)]
+
+    def describe(self) -> str:
+        return f"array (<= {self.max_len}) of {self.item.describe()}"
+
+
+@dataclass(frozen=True)
+class Map(Spec):
+    key: Spec
+    value: Spec
+    max_len: int = 1024
+
+    def check(self, value: Any, path: str = "") -> dict:
+        if not isinstance(value, dict):
+            raise Invalid(path, f"expected map, got {_tname(value)}")
+        if len(value) > self.max_len:
+            raise Invalid(path, f"map has more than {self.max_len} entries")
+        out = {}
+        for k, v in value.items():
+            k = self.key.check(k, _join(path, f"<key {k!r}>"))
+            out[k] = self.value.check(v, _join(path, k))
+        return out
+
+    def describe(self) -> str:
+        return f"map (<= {self.max_len}) {self.key.describe()} -> {self.value.describe()}"
+
+
+@dataclass(frozen=True)
+class Record(Spec):
+    """A map with known string keys. Unknown keys are rejected unless `open` (forward
+    compatibility inside a major version is handled by listing new keys as optional)."""
+
+    required: Mapping[str, Spec]
+    optional: Mapping[str, Spec] = field(default_factory=dict)
+    open: bool = False
+    doc: Mapping[str, str] = field(default_factory=dict)
+
+    def check(self, value: Any, path: str = "") -> dict:
+        if not isinstance(value, dict):
+            raise Invalid(path, f"expected map, got {_tname(value)}")
+        out = {}
+        for name, spec in self.required.items():
+            if name not in value:
+                raise Invalid(_join(path, name), "missing required field")
+            out[name] = spec.check(value[name], _join(path, name))
+        for name, v in value.items():
+            if name in self.required:
+                continue
+            spec = self.optional.get(name) if isinstance(name, str) else None
+            if spec is not None:
+                out[name] = spec.check(v, _join(path, name))
+            elif self.open:
+                out[name] = v  # validated by whoever knows its schema (e.g. event attrs)
+            else:
+                raise Invalid(_join(path, str(name)), "unknown field")
+        return out
+
+    def fields(self) -> list[tuple[str, Spec, bool]]:
+        return [(n, s, True) for n, s in self.required.items()] + [
+            (n, s, False) for n, s in self.optional.items()
+        ]
+
+    def describe(self) -> str:
+        return "map (see fields)"
+
+
+def describe_record(rec: Record, prefix: str = "") -> list[tuple[str, str, bool, str]]:
+    """Flatten a record into (path, type, required, doc) rows for documentation."""
+    rows: list[tuple[str, str, bool, str]] = []
+    for name, spec, req in rec.fields():
+        path = _join(prefix, name)
+        inner = spec.inner if isinstance(spec, Nullable) else spec
+        if isinstance(inner, List) and isinstance(inner.item, Record):
+            rows.append((path, f"array (<= {inner.max_len}) of map", req, rec.doc.get(name, "")))
+            rows.extend(describe_record(inner.item, path + "[]"))
+        elif isinstance(inner, Map) and isinstance(inner.value, Record):
+            rows.append((path, f"map (<= {inner.max_len}) {inner.key.describe()} -> map", req,
+                         rec.doc.get(name, "")))
+            rows.extend(describe_record(inner.value, path + "{}"))
+        elif isinstance(inner, Record):
+            rows.append((path, "map", req, rec.doc.get(name, "")))
+            rows.extend(describe_record(inner, path))
+        else:
+            rows.append((path, spec.describe(), req, rec.doc.get(name, "")))
+    return rows

@@ -1,0 +1,31 @@
+"""Test layout (split by privilege, as pyroute2 does):
+- tests/unit: pure tests: captured bytes, fixture trees, no privileges;
+- tests/e2e: real processes on loopback (aggregator, agent, CLI), no privileges;
+- tests/root: marked `root`: load eBPF, build network namespaces. CI runs them as root.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/tests/root/" in str(item.fspath):
+            item.add_marker(pytest.mark.root)
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root (eBPF / network namespaces)")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES
