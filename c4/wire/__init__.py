@@ -21,7 +21,7 @@ DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a report of 1,000 flows and 64 ports fits 
 # Why a frame was rejected; each has a counter in the aggregator.
 REJECT_REASONS = (
     "too_large", "malformed", "bad_envelope", "unsupported_version", "unknown_kind", "bad_body",
-    "unexpected_kind", "unknown_host",
+    "unexpected_kind",
 )
 
 
@@ -44,10 +44,14 @@ class Frame:
     ts: float
     body: dict[str, Any]
     version: tuple[int, int] = (MAJOR, MINOR)
+    floor: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": list(self.version), "kind": self.kind, "host": self.host, "boot": self.boot,
-                "seq": self.seq, "ts": self.ts, "body": self.body}
+        d = {"v": list(self.version), "kind": self.kind, "host": self.host, "boot": self.boot,
+             "seq": self.seq, "ts": self.ts, "body": self.body}
+        if self.floor is not None:
+            d["floor"] = self.floor
+        return d
 
 
 def encode(frame: Frame, validate: bool = True) -> bytes:
@@ -87,7 +91,7 @@ def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> Frame:
     except Invalid as exc:
         raise Rejected("bad_body", f"{env['kind']}: {exc}", env)
     return Frame(env["kind"], env["host"], env["boot"], env["seq"], env["ts"], body,
-                 (major, minor))
+                 (major, minor), env.get("floor"))
 
 
 __all__ = ["Frame", "Rejected", "encode", "decode", "MAJOR", "MINOR", "DEFAULT_MAX_FRAME",

@@ -22,6 +22,7 @@ ENVELOPE = Record(
         "ts": SECONDS,
         "body": Record({}, open=True),
     },
+    optional={"floor": U64},
     doc={
         "v": "[major, minor] protocol version; a peer rejects an unknown major",
         "kind": "what the body is: hello, report, event, ack, plan, plan_result, error",
@@ -31,6 +32,8 @@ ENVELOPE = Record(
         "seq": "per (host, boot) sequence number, +1 per frame, starting at 1",
         "ts": "sender wall clock, seconds since the epoch",
         "body": "the kind's body (below)",
+        "floor": "agent frames only: the lowest seq the sender still holds for resending; every "
+                 "seq below it is settled (stored, or dropped by a full agent queue and lost)",
     },
 )
 

@@ -1,0 +1,58 @@
+"""The agent's TOML configuration (`c4 agent run --config agent.toml`); keys in docs/config.md."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from c4.config import ConfigError, field
+
+from .collectors import DEFAULT_ENABLED, REGISTRY
+
+
+@dataclass
+class AgentConfig:
+    aggregator: str = field("tcp://127.0.0.1:9465",
+                            "ZeroMQ endpoint of the aggregator's ingest socket")
+    interval: float = field(1.0, "seconds between reports")
+    host: str = field("", "host name to report; empty: the system host name")
+    sysfs_root: Path = field(Path("/sys"), "root of sysfs (a fixture tree in tests)")
+    proc_root: Path = field(Path("/proc"), "root of procfs")
+    dev_root: Path = field(Path("/dev"), "directory holding `kmsg`")
+    run_dir: Path = field(Path("/run/c4"), "runtime directory (the plugin socket lives here)")
+    queue_max: int = field(10000, "frames held for resending until acked; beyond it the oldest "
+                                  "are dropped and counted")
+    resend_after: float = field(5.0, "seconds without an ack before unacked frames are resent")
+    max_frame: int = field(1 << 20, "largest frame in bytes, sent or received")
+    labels: dict[str, str] = field({}, "free-form labels sent in `hello` (rack, scheduler node name)")
+    collectors: dict[str, Any] = field(
+        {}, "`enabled` (list of collector names, default all) and one `[collectors.<name>]` "
+            "table of options per collector (docs/collectors.md)")
+
+    def validate(self, where: str) -> None:
+        if not 0.01 <= self.interval <= 3600:
+            raise ConfigError(f"{where}interval: must be between 0.01 and 3600 seconds")
+        if not self.aggregator.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ConfigError(f"{where}aggregator: expected a ZeroMQ endpoint like "
+                              f"tcp://host:9465, got {self.aggregator!r}")
+        if self.queue_max < 10:
+            raise ConfigError(f"{where}queue_max: must be at least 10")
+        if self.resend_after <= 0:
+            raise ConfigError(f"{where}resend_after: must be positive")
+        enabled = self.collectors.get("enabled", list(DEFAULT_ENABLED))
+        if not isinstance(enabled, list) or not all(isinstance(n, str) for n in enabled):
+            raise ConfigError(f"{where}collectors.enabled: expected a list of names")
+        for name in list(enabled) + [k for k in self.collectors if k != "enabled"]:
+            if name not in REGISTRY:
+                raise ConfigError(f"{where}collectors: unknown collector {name!r}; known: "
+                                  f"{', '.join(REGISTRY)}")
+        for name, table in self.collectors.items():
+            if name != "enabled" and not isinstance(table, dict):
+                raise ConfigError(f"{where}collectors.{name}: expected a table of options")
+
+    @property
+    def enabled(self) -> list[str]:
+        return list(self.collectors.get("enabled", DEFAULT_ENABLED))
+
+    def options(self, name: str) -> dict[str, Any]:
+        return dict(self.collectors.get(name, {}))

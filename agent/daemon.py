@@ -1,0 +1,173 @@
+"""The agent's main loop: start collectors, say hello, report every interval, stop cleanly.
+
+collectors -> Sample (section + events) -> report/event frames -> Sender (queue, acks, resend).
+A collector that cannot start is disabled with one log line and a health flag; one that fails
+while collecting is marked unhealthy for that interval and the rest keep reporting.
+"""
+from __future__ import annotations
+
+import logging
+import platform
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from c4 import __version__
+from c4.wire import Frame
+
+from . import collectors as registry
+from .collectors import Collector, CollectorUnavailable, Context, OptionError
+from .config import AgentConfig
+from .sender import Sender
+
+log = logging.getLogger("c4.agent")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, *, record_path: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.host = cfg.host or socket.gethostname()
+        self.ctx = Context(host=self.host, sysfs_root=cfg.sysfs_root, proc_root=cfg.proc_root,
+                           dev_root=cfg.dev_root, run_dir=cfg.run_dir, clock=clock, log=log)
+        self.health: dict[str, dict[str, Any]] = {}
+        self.collectors: list[Collector] = []
+        self.stop_event = threading.Event()
+        self.sender = Sender(cfg.aggregator, self.host, queue_max=cfg.queue_max,
+                             resend_after=cfg.resend_after, max_frame=cfg.max_frame,
+                             record_path=record_path, clock=clock, log=log)
+        self.sender.handlers["plan"] = self._on_plan
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start_collectors(self) -> None:
+        for name in self.cfg.enabled:
+            cls = registry.load(name)
+            collector = cls(self.ctx, self.cfg.options(name))  # OptionError propagates: bad config
+            try:
+                collector.start()
+            except CollectorUnavailable as exc:
+                log.warning("collector %s disabled: %s", name, exc)
+                self.health[name] = {"ok": False, "reason": str(exc)}
+                continue
+            self.health[name] = {"ok": True}
+            self.collectors.append(collector)
+
+    def hello_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"agent_version": __version__, "interval": self.cfg.interval,
+                                "collectors": self.health, "nics": [],
+                                "kernel": platform.release()}
+        boot_id = _read(self.cfg.proc_root / "sys/kernel/random/boot_id")
+        if boot_id:
+            body["kernel_boot_id"] = boot_id
+        if self.cfg.labels:
+            body["labels"] = dict(self.cfg.labels)
+        for c in self.collectors:
+            try:
+                inv = c.inventory()
+            except Exception as exc:  # inventory is best effort; the reports still flow
+                log.warning("collector %s: inventory failed: %s", c.name, exc)
+                continue
+            if inv:
+                body.update(inv)
+        return body
+
+    def collect_once(self, now: float, interval: float) -> None:
+        body: dict[str, Any] = {"interval": interval, "health": {}}
+        events = []
+        for c in self.collectors:
+            try:
+                sample = c.collect(now)
+            except Exception as exc:  # one broken collector must not stop the others
+                reason = f"{type(exc).__name__}: {exc}"
+                if self.health[c.name].get("reason") != reason:
+                    log.exception("collector %s failed", c.name)
+                self.health[c.name] = {"ok": False, "reason": reason[:500]}
+                continue
+            self.health[c.name] = {"ok": True}
+            if sample.section is not None:
+                body[c.name] = sample.section
+            events.extend(sample.events)
+        body["health"] = dict(self.health)
+        self.sender.send("report", body)
+        for ev in events:
+            self.sender.send("event", ev.body())
+
+    def run(self) -> int:
+        self.start_collectors()
+        self.sender.send("hello", self.hello_body())
+        log.info("agent %s reporting to %s every %.3gs with %s", self.host, self.cfg.aggregator,
+                 self.cfg.interval, ", ".join(c.name for c in self.collectors) or "no collectors")
+        last = self.clock()
+        next_at = last + self.cfg.interval
+        while not self.stop_event.is_set():
+            self.sender.poll(max(0.0, next_at - self.clock()))
+            if self.stop_event.is_set():
+                break
+            now = self.clock()
+            if now < next_at:
+                continue
+            self.collect_once(now, now - last)
+            last = now
+            # Skip missed ticks instead of bursting to catch up after a stall.
+            next_at = max(next_at + self.cfg.interval, now + self.cfg.interval / 2)
+        self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        # Give the queue a moment to drain so a clean stop loses nothing that was collected.
+        deadline = self.clock() + 2.0
+        while self.sender.unacked and self.clock() < deadline:
+            self.sender.poll(0.05)
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:
+                log.exception("collector %s failed to close", c.name)
+        log.info("agent stopped: %d frames sent, %d unacked", self.sender.last_seq,
+                 self.sender.unacked)
+        self.sender.close()
+
+    # -- aggregator -> agent ---------------------------------------------------------------
+    def _on_plan(self, frame: Frame) -> None:
+        # Path control (applying source ports through the plugin shim) is not wired yet:
+        # answer honestly so the planner never believes a plan took effect.
+        reason = "path control is not available on this agent yet (no plugin shim connected)"
+        self.sender.send("plan_result", {
+            "plan_id": frame.body["plan_id"], "applied": [],
+            "failed": [{"id": a["id"], "reason": reason} for a in frame.body["assignments"]],
+        })
+
+
+def run(cfg: AgentConfig, record_path: str | None = None) -> int:
+    try:
+        agent = Agent(cfg, record_path=record_path)
+    except OptionError as exc:
+        log.error("%s", exc)
+        return 2
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        agent.stop_event.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        return agent.run()
+    except OptionError as exc:
+        log.error("%s", exc)
+        agent.sender.close()
+        return 2
+
+
+__all__ = ["Agent", "run"]

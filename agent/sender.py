@@ -1,0 +1,223 @@
+"""Agent -> aggregator transport: a ZeroMQ DEALER with a bounded, ack-driven resend queue.
+
+Every frame gets the next sequence number of this agent incarnation (`boot`) and stays in the
+queue until the aggregator acks it (ack = highest contiguous seq stored). Frames that go
+unacked for `resend_after` seconds are sent again; the aggregator drops duplicates. When the
+queue is full the oldest frames are dropped and counted, and every frame carries `floor` (the
+oldest seq still held) so the aggregator does not wait forever for a frame that is gone.
+ZeroMQ reconnects by itself with exponential backoff (RECONNECT_IVL .. RECONNECT_IVL_MAX);
+IMMEDIATE keeps it from queueing frames on a connection that does not exist yet.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+
+from c4 import record, wire
+from c4.wire import Frame, Rejected
+
+
+@dataclass
+class _Pending:
+    seq: int
+    kind: str
+    data: bytes
+    sent_at: float | None = None  # None: not on the wire yet (or due again)
+
+
+@dataclass
+class SenderStats:
+    sent: int = 0
+    resent: int = 0
+    dropped_queue_full: int = 0
+    dropped_invalid: int = 0
+    acked: int = 0
+    errors_received: int = 0
+    bad_replies: int = 0
+    last_error: str = ""
+    reconnects: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+class Sender:
+    def __init__(self, endpoint: str, host: str, *, queue_max: int = 10000,
+                 resend_after: float = 5.0, max_frame: int = wire.DEFAULT_MAX_FRAME,
+                 record_path: str | None = None, clock: Callable[[], float] = time.time,
+                 log: logging.Logger | None = None, ctx: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.host = host
+        self.boot = uuid.uuid4().hex[:16]
+        self.queue_max = queue_max
+        self.resend_after = resend_after
+        self.max_frame = max_frame
+        self.clock = clock
+        self.log = log or logging.getLogger("c4.agent.sender")
+        self.stats = SenderStats()
+        self._seq = 0
+        self._queue: deque[_Pending] = deque()
+        self._last_ack_progress = clock()
+        self._zctx = ctx or zmq.Context.instance()
+        self._sock: zmq.Socket | None = None
+        self._recorder = record.Writer(record_path) if record_path else None
+        self.handlers: dict[str, Callable[[Frame], None]] = {}
+        self._connect()
+
+    # -- socket ---------------------------------------------------------------------------
+    def _connect(self) -> None:
+        s = self._zctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.IMMEDIATE, 1)
+        s.setsockopt(zmq.SNDHWM, 1000)
+        s.setsockopt(zmq.RCVHWM, 1000)
+        s.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
+        s.setsockopt(zmq.RECONNECT_IVL, 100)
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        s.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        s.connect(self.endpoint)
+        self._sock = s
+
+    def reconnect(self) -> None:
+        """Drop the socket and start over: clears a pipe stuck to a peer that vanished."""
+        if self._sock is not None:
+            self._sock.close(0)
+        self.stats.reconnects += 1
+        self._connect()
+
+    @property
+    def socket(self) -> zmq.Socket:
+        assert self._sock is not None
+        return self._sock
+
+    # -- sending --------------------------------------------------------------------------
+    def send(self, kind: str, body: dict[str, Any]) -> int | None:
+        """Queue a frame for delivery; returns its seq, or None if our own body was invalid
+        (a bug worth a log line, never worth crashing the agent)."""
+        seq = self._seq + 1
+        frame = Frame(kind, self.host, self.boot, seq, self.clock(), body, floor=self._floor(seq))
+        try:
+            data = wire.encode(frame)
+        except wire.Invalid as exc:
+            self.stats.dropped_invalid += 1
+            self.log.error("not sending an invalid %s frame: %s", kind, exc)
+            return None
+        if len(data) > self.max_frame:
+            self.stats.dropped_invalid += 1
+            self.log.error("not sending a %s frame of %d bytes (max_frame %d)", kind, len(data),
+                           self.max_frame)
+            return None
+        self._seq = seq
+        if self._recorder is not None:
+            self._recorder.write(data)
+            self._recorder.flush()
+        if not self._queue:
+            self._last_ack_progress = self.clock()  # the ack clock starts with the first pending frame
+        while len(self._queue) >= self.queue_max:
+            self._queue.popleft()
+            self.stats.dropped_queue_full += 1
+        self._queue.append(_Pending(seq, kind, data))
+        self.stats.by_kind[kind] = self.stats.by_kind.get(kind, 0) + 1
+        self.flush()
+        return seq
+
+    def _floor(self, next_seq: int) -> int:
+        return self._queue[0].seq if self._queue else next_seq
+
+    def flush(self) -> None:
+        """Put due frames on the wire without blocking; stops at the first EAGAIN."""
+        now = self.clock()
+        for p in self._queue:
+            if p.sent_at is not None and now - p.sent_at < self.resend_after:
+                continue
+            try:
+                self.socket.send(p.data, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if p.sent_at is None:
+                self.stats.sent += 1
+            else:
+                self.stats.resent += 1
+            p.sent_at = now
+
+    @property
+    def unacked(self) -> int:
+        return len(self._queue)
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    # -- receiving ------------------------------------------------------------------------
+    def poll(self, timeout_s: float) -> None:
+        """Wait up to timeout_s for replies, handle them, resend what is due."""
+        deadline = self.clock() + max(0.0, timeout_s)
+        while True:
+            remaining = deadline - self.clock()
+            if self.socket.poll(max(0, int(remaining * 1000)), zmq.POLLIN):
+                while True:
+                    try:
+                        data = self.socket.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_reply(data)
+            self.flush()
+            self._maybe_reconnect()
+            if self.clock() >= deadline:
+                return
+
+    def _maybe_reconnect(self) -> None:
+        # Heartbeats make ZeroMQ notice a dead peer; this covers the rest (a peer that came
+        # back with a new identity while our pipe still points at the old one).
+        if self._queue and self.clock() - self._last_ack_progress > 4 * self.resend_after:
+            self.log.warning("no ack from %s for %.0fs with %d frames pending: reconnecting",
+                             self.endpoint, self.clock() - self._last_ack_progress,
+                             len(self._queue))
+            self._last_ack_progress = self.clock()
+            self.reconnect()
+            for p in self._queue:
+                p.sent_at = None
+
+    def _on_reply(self, data: bytes) -> None:
+        try:
+            frame = wire.decode(data, self.max_frame)
+        except Rejected as exc:
+            self.stats.bad_replies += 1
+            self.log.warning("bad frame from the aggregator: %s", exc)
+            return
+        if frame.kind == "ack":
+            self._on_ack(frame.body)
+        elif frame.kind == "error":
+            self.stats.errors_received += 1
+            self.stats.last_error = f"{frame.body['code']}: {frame.body['reason']}"
+            self.log.error("aggregator rejected frame %s: %s", frame.body.get("ref_seq"),
+                           self.stats.last_error)
+        elif frame.kind in self.handlers:
+            self.handlers[frame.kind](frame)
+        else:
+            self.stats.bad_replies += 1
+            self.log.warning("unexpected %s frame from the aggregator", frame.kind)
+
+    def _on_ack(self, body: dict[str, Any]) -> None:
+        if body["boot"] != self.boot:
+            return  # an ack for a previous incarnation of this agent
+        acked = body["seq"]
+        progressed = False
+        while self._queue and self._queue[0].seq <= acked:
+            self._queue.popleft()
+            self.stats.acked += 1
+            progressed = True
+        if progressed or not self._queue:
+            self._last_ack_progress = self.clock()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        if self._recorder is not None:
+            self._recorder.close()

@@ -1,0 +1,1 @@
+"""The c4 aggregator: ingest -> host state -> diagnosis -> incidents/actions, API."""

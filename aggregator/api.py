@@ -1,0 +1,151 @@
+"""HTTP JSON API and Prometheus /metrics (stdlib http.server, one thread per request).
+
+Routes (docs/api.md): /healthz, /api/v1/hosts, /api/v1/hosts/<name>, /api/v1/incidents,
+/api/v1/incidents/<id>, /api/v1/jobs, /api/v1/stats, /metrics. Handlers read shared state
+under the aggregator's lock; ingest holds the same lock while it applies a frame.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .ingest import Ingest
+
+log = logging.getLogger("c4.aggregator.api")
+
+
+class NotFound(Exception):
+    pass
+
+
+class BadRequest(Exception):
+    pass
+
+
+class Api:
+    """The routes, independent of the HTTP server (so tests and replay can call them)."""
+
+    def __init__(self, ingest: Ingest, diagnosis: Any, lock: threading.Lock,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.ingest = ingest
+        self.diagnosis = diagnosis
+        self.lock = lock
+        self.clock = clock
+        self.started = clock()
+        self.metrics = CollectorRegistry(auto_describe=False)
+        self.metrics.register(_IngestMetrics(self))
+
+    def get(self, path: str, query: dict[str, list[str]]) -> Any:
+        parts = [unquote(p) for p in path.strip("/").split("/") if p]
+        now = self.clock()
+        with self.lock:
+            if parts == ["healthz"]:
+                return {"ok": True, "uptime_s": round(now - self.started, 3),
+                        "hosts": len(self.ingest.registry.hosts)}
+            if parts[:2] != ["api", "v1"] or len(parts) < 3:
+                raise NotFound(path)
+            what, rest = parts[2], parts[3:]
+            if what == "hosts" and not rest:
+                hosts = self.ingest.registry.hosts
+                return {"hosts": [hosts[n].summary(now) for n in sorted(hosts)]}
+            if what == "hosts" and len(rest) == 1:
+                h = self.ingest.registry.hosts.get(rest[0])
+                if h is None:
+                    raise NotFound(f"no host named {rest[0]!r}")
+                return h.detail(now)
+            if what == "stats" and not rest:
+                return self.ingest.stats()
+            if what == "incidents" and not rest:
+                state = (query.get("state") or [None])[0]
+                if state not in (None, "open", "mitigated", "resolved"):
+                    raise BadRequest("state must be open, mitigated or resolved")
+                return {"incidents": self.diagnosis.incidents(state) if self.diagnosis else []}
+            if what == "incidents" and len(rest) == 1:
+                if not rest[0].isdigit():
+                    raise BadRequest("incident id must be a number")
+                inc = self.diagnosis.incident(int(rest[0])) if self.diagnosis else None
+                if inc is None:
+                    raise NotFound(f"no incident {rest[0]}")
+                return inc
+            if what == "jobs" and not rest:
+                return {"jobs": self.diagnosis.jobs() if self.diagnosis else []}
+        raise NotFound(path)
+
+
+class _IngestMetrics:
+    """Prometheus view of ingest counters, computed at scrape time (nothing on the hot path)."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    def collect(self) -> Any:
+        with self.api.lock:
+            st = self.api.ingest.stats()
+            hosts = list(self.api.ingest.registry.hosts.values())
+        acc = CounterMetricFamily("c4_frames_accepted", "Frames accepted by kind", labels=["kind"])
+        for k, v in sorted(st["accepted"].items()):
+            acc.add_metric([k], v)
+        yield acc
+        rej = CounterMetricFamily("c4_frames_rejected", "Frames rejected by reason",
+                                  labels=["reason"])
+        for k, v in sorted(st["rejected"].items()):
+            rej.add_metric([k], v)
+        yield rej
+        yield CounterMetricFamily("c4_frames_duplicate", "Resent frames already stored",
+                                  value=st["duplicates"])
+        yield CounterMetricFamily("c4_store_errors", "Frames that could not be stored",
+                                  value=st["store_errors"])
+        g = GaugeMetricFamily("c4_hosts", "Hosts by status", labels=["status"])
+        for status in ("up", "silent"):
+            g.add_metric([status], sum(1 for h in hosts if h.status == status))
+        yield g
+
+
+def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "c4-aggregator"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+            url = urlsplit(self.path)
+            if url.path == "/metrics":
+                self._send(200, generate_latest(api.metrics), "text/plain; version=0.0.4")
+                return
+            try:
+                body, code = api.get(url.path, parse_qs(url.query)), 200
+            except NotFound as exc:
+                body, code = {"error": f"not found: {exc}"}, 404
+            except BadRequest as exc:
+                body, code = {"error": str(exc)}, 400
+            except Exception as exc:  # a bug in one route must not take the API down
+                log.exception("API error on %s", self.path)
+                body, code = {"error": f"internal error: {type(exc).__name__}"}, 500
+            self._send(code, json.dumps(body, sort_keys=True, default=str).encode(),
+                       "application/json")
+
+        def _send(self, code: int, data: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("%s " + fmt, self.address_string(), *args)
+
+    return Handler
+
+
+def serve(api: Api, address: str) -> ThreadingHTTPServer:
+    host, _, port = address.rpartition(":")
+    httpd = ThreadingHTTPServer((host.strip("[]"), int(port)), make_handler(api))
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="c4-api", daemon=True).start()
+    return httpd

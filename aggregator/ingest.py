@@ -1,0 +1,202 @@
+"""Ingest: one frame in -> validated, deduplicated, stored, applied to host state, handed to
+diagnosis. Transport-agnostic: the ZeroMQ server (server.py) and replay (replay.py) both feed
+raw frames through `handle`, so a replay reproduces exactly what live ingest did.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from c4 import wire
+from c4.wire import Frame, Rejected, kinds
+
+from .state import HostRegistry, HostState, SeqState
+from .store import Store
+
+BOOTS_KEPT = 4  # sequence states kept per host (agent restarts)
+
+
+class DiagnosisSink(Protocol):
+    def observe(self, frame: Frame, now: float) -> None: ...
+    def tick(self, now: float) -> None: ...
+    def host_silent(self, host: str, last_seen: float, now: float) -> None: ...
+    def host_back(self, host: str, now: float) -> None: ...
+
+
+@dataclass
+class Outcome:
+    frame: Frame | None = None
+    reject: str | None = None
+    duplicate: bool = False
+    replies: list[Frame] = field(default_factory=list)
+
+
+class Ingest:
+    def __init__(self, store: Store, registry: HostRegistry, diagnosis: DiagnosisSink | None,
+                 *, name: str = "aggregator", max_frame: int = wire.DEFAULT_MAX_FRAME,
+                 silent_after: float = 0.0, retention_s: float = 3600.0,
+                 log: logging.Logger | None = None) -> None:
+        self.store = store
+        self.registry = registry
+        self.diagnosis = diagnosis
+        self.name = name
+        self.max_frame = max_frame
+        self.silent_after = silent_after
+        self.retention_s = retention_s
+        self.log = log or logging.getLogger("c4.aggregator.ingest")
+        self.boot = uuid.uuid4().hex[:16]
+        self._seq = 0
+        self.accepted: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+        self.duplicates = 0
+        self.store_errors = 0
+        self.pending_acks: dict[str, tuple[str, int]] = {}  # host -> (boot, contiguous)
+        self._last_log: dict[str, float] = {}
+        self._load_hosts()
+
+    def _load_hosts(self) -> None:
+        for name, boot, hello, first, last in self.store.hosts():
+            h = self.registry.get(name)
+            h.boot, h.hello, h.first_seen, h.last_seen = boot, hello, first, last
+
+    # -- frames in ------------------------------------------------------------------------
+    def handle(self, data: bytes, now: float) -> Outcome:
+        try:
+            frame = wire.decode(data, self.max_frame)
+            if frame.kind not in kinds.FROM_AGENT:
+                raise Rejected("unexpected_kind",
+                               f"{frame.kind!r} travels aggregator -> agent only", frame.to_dict())
+        except Rejected as exc:
+            return self._reject(exc, now)
+        h = self.registry.get(frame.host)
+        seqs = self._seq_state(h, frame.boot)
+        if frame.floor is not None:
+            seqs.settle_below(frame.floor)
+        if seqs.seen(frame.seq):
+            self.duplicates += 1
+            self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
+            return Outcome(frame=frame, duplicate=True)
+        try:
+            self.store.begin()
+            self.store.insert_frame(h.name, frame.boot, frame.seq, frame.kind, frame.ts, now,
+                                    data)
+            seqs.add(frame.seq)
+            self.store.save_seq(h.name, frame.boot, seqs.contiguous, seqs.lost)
+            if frame.kind == "hello":
+                self.store.save_host(h.name, frame.boot, frame.body, h.first_seen or now, now)
+            self.store.commit()
+        except sqlite3.Error as exc:
+            # Full disk, locked or corrupt database: do not ack, the agent keeps the frame
+            # and resends it; everyone else keeps being served.
+            self.store.rollback()
+            seqs.above.discard(frame.seq)
+            self.store_errors += 1
+            self._log_limited("store", f"cannot store frame from {h.name}: {exc}", now)
+            return Outcome(frame=frame, reject="store_error")
+        self._apply(h, frame, now)
+        self.accepted[frame.kind] += 1
+        self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
+        if self.diagnosis is not None:
+            self.diagnosis.observe(frame, now)
+        return Outcome(frame=frame)
+
+    def _seq_state(self, h: HostState, boot: str) -> SeqState:
+        s = h.seqs.get(boot)
+        if s is None:
+            contiguous, lost = self.store.load_seq(h.name, boot)
+            s = SeqState(contiguous=contiguous, lost=lost)
+            s.above = set(self.store.stored_seqs_above(h.name, boot, contiguous))
+            s._advance()
+            h.seqs[boot] = s
+            while len(h.seqs) > BOOTS_KEPT:
+                h.seqs.pop(next(iter(h.seqs)))
+        return s
+
+    def _apply(self, h: HostState, frame: Frame, now: float) -> None:
+        if not h.first_seen:
+            h.first_seen = now
+        h.last_seen = now
+        h.last_agent_ts = frame.ts
+        if frame.kind == "hello" or not h.boot:
+            h.boot = frame.boot
+        if frame.kind == "hello":
+            h.hello = frame.body
+        elif frame.kind == "report":
+            h.last_report = frame.body
+            h.reports += 1
+        elif frame.kind == "event":
+            h.events.append({"ts": frame.ts, "received": now, **frame.body})
+        if h.status == "silent":
+            h.status = "up"
+            self.log.info("host %s is back", h.name)
+            if self.diagnosis is not None:
+                self.diagnosis.host_back(h.name, now)
+
+    def _reject(self, exc: Rejected, now: float) -> Outcome:
+        self.rejected[exc.code] += 1
+        env = exc.frame or {}
+        host = env.get("host") if isinstance(env.get("host"), str) else None
+        if host and host in self.registry.hosts:
+            self.registry.hosts[host].rejected += 1
+        self._log_limited(exc.code, f"rejected frame from {host or 'unknown peer'}: {exc}", now)
+        ref = env.get("seq") if isinstance(env.get("seq"), int) and env.get("seq") >= 0 else None
+        body: dict[str, Any] = {"code": exc.code, "reason": exc.detail[:1024], "ref_seq": ref}
+        if exc.code == "unsupported_version":
+            body["supported"] = list(wire.SUPPORTED_MAJORS)
+        return Outcome(reject=exc.code, replies=[self._frame("error", body, now)])
+
+    def _log_limited(self, key: str, msg: str, now: float) -> None:
+        # A hostile or broken agent must not flood the log: one line per reason per 10 s.
+        if now - self._last_log.get(key, -1e18) >= 10.0:
+            self._last_log[key] = now
+            self.log.warning("%s", msg)
+
+    # -- frames out -----------------------------------------------------------------------
+    def _frame(self, kind: str, body: dict[str, Any], now: float) -> Frame:
+        self._seq += 1
+        return Frame(kind, self.name, self.boot, self._seq, now, body)
+
+    def take_acks(self, now: float) -> list[tuple[str, Frame]]:
+        """(host, ack frame) for every host that sent something since the last call."""
+        out = [(host, self._frame("ack", {"boot": boot, "seq": seq}, now))
+               for host, (boot, seq) in self.pending_acks.items()]
+        self.pending_acks.clear()
+        return out
+
+    def make_frame(self, kind: str, body: dict[str, Any], now: float | None = None) -> Frame:
+        return self._frame(kind, body, time.time() if now is None else now)
+
+    # -- time -----------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        for h in self.registry.hosts.values():
+            if h.status == "up" and h.last_seen and now > self.registry.silent_deadline(
+                    h, self.silent_after):
+                h.status = "silent"
+                self.log.warning("host %s is silent (last frame %.1fs ago)", h.name,
+                                 now - h.last_seen)
+                if self.diagnosis is not None:
+                    self.diagnosis.host_silent(h.name, h.last_seen, now)
+        if self.diagnosis is not None:
+            self.diagnosis.tick(now)
+
+    def prune(self, now: float) -> None:
+        try:
+            self.store.prune(now - self.retention_s)
+        except sqlite3.Error as exc:
+            self.store_errors += 1
+            self._log_limited("prune", f"cannot prune old frames: {exc}", now)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "accepted": dict(self.accepted),
+            "rejected": {r: self.rejected.get(r, 0) for r in wire.REJECT_REASONS},
+            "duplicates": self.duplicates,
+            "store_errors": self.store_errors,
+            "hosts": len(self.registry.hosts),
+            "hosts_silent": sum(1 for h in self.registry.hosts.values() if h.status == "silent"),
+        }

@@ -1,0 +1,155 @@
+"""`c4 aggregator run`: the ZeroMQ ROUTER ingest loop, the API thread, periodic ticks."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zmq
+
+from c4 import config as c4config
+from c4 import wire
+
+from .api import Api, serve
+from .config import AggregatorConfig
+from .ingest import Ingest
+from .state import HostRegistry
+from .store import Store, connect
+
+log = logging.getLogger("c4.aggregator")
+TICK_S = 1.0
+PRUNE_S = 60.0
+
+
+@dataclass
+class Core:
+    """Everything between a raw frame and an incident, wired once for live ingest and replay."""
+
+    store: Store
+    registry: HostRegistry
+    diagnosis: Any
+    ingest: Ingest
+
+
+def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: Any = None,
+               clock: Callable[[], float] = time.time, check_same_thread: bool = True) -> Core:
+    from c4.topology import Topology
+
+    from .actions import ActionRunner, ActionsConfig
+    from .diagnosis import Diagnosis
+    from .diagnosis.config import DiagnosisConfig
+
+    conn = connect(db_path or cfg.db, check_same_thread=check_same_thread)
+    store = Store(conn)
+    registry = HostRegistry()
+    if topology is None and cfg.topology:
+        topology = Topology.load(cfg.topology)
+    actions = ActionRunner(c4config.build(ActionsConfig, cfg.actions, "actions"), conn,
+                           logging.getLogger("c4.aggregator.actions"), clock)
+    diagnosis = Diagnosis.from_config(
+        conn, c4config.build(DiagnosisConfig, cfg.diagnosis, "diagnosis"), topology, actions,
+        logging.getLogger("c4.aggregator.diagnosis"))
+    ingest = Ingest(store, registry, diagnosis, name=cfg.name, max_frame=cfg.max_frame,
+                    silent_after=cfg.silent_after, retention_s=cfg.frames_retention_s, log=log)
+    return Core(store, registry, diagnosis, ingest)
+
+
+class Server:
+    def __init__(self, cfg: AggregatorConfig, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.lock = threading.Lock()
+        # The API thread reads diagnosis state through its own lock; SQLite is shared.
+        self.core = build_core(cfg, clock=clock, check_same_thread=False)
+        self.api = Api(self.core.ingest, self.core.diagnosis, self.lock, clock)
+        self.stop_event = threading.Event()
+        self.zctx = zmq.Context()
+        self.sock = self.zctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # ZeroMQ cuts off peers sending over twice the limit (memory protection); frames between
+        # the limit and twice it reach ingest and are rejected and counted as too_large.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * cfg.max_frame)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting agent takes over its route
+        self.sock.setsockopt(zmq.RCVHWM, 100000)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        self.sock.bind(cfg.listen)
+        self.routes: dict[str, bytes] = {}  # host -> ZeroMQ routing id of its latest frame
+        self.httpd = serve(self.api, cfg.api)
+        log.info("aggregator listening on %s, API on http://%s", cfg.listen, cfg.api)
+
+    def _send(self, peer: bytes, frame: wire.Frame) -> None:
+        try:
+            self.sock.send_multipart([peer, wire.encode(frame)], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a peer that does not read its replies loses them; acks are idempotent
+        except zmq.ZMQError as exc:
+            log.debug("reply to a vanished peer dropped: %s", exc)
+
+    def _drain(self) -> None:
+        """Handle every frame waiting (bounded), then ack each host once."""
+        ingest = self.core.ingest
+        with self.lock:
+            for _ in range(10000):
+                try:
+                    parts = self.sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if len(parts) != 2:
+                    # DEALER sends exactly one frame: anything else is not a c4 agent.
+                    ingest.rejected["malformed"] += 1
+                    continue
+                peer, data = parts
+                out = ingest.handle(data, self.clock())
+                if out.frame is not None:
+                    self.routes[out.frame.host] = peer
+                for reply in out.replies:
+                    self._send(peer, reply)
+            acks = ingest.take_acks(self.clock())
+        for host, ack in acks:
+            peer = self.routes.get(host)
+            if peer is not None:
+                self._send(peer, ack)
+
+    def run(self) -> int:
+        next_tick = self.clock() + TICK_S
+        next_prune = self.clock() + PRUNE_S
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self.stop_event.is_set():
+            timeout = max(0.0, min(next_tick - self.clock(), 0.2))
+            if poller.poll(int(timeout * 1000)):
+                self._drain()
+            now = self.clock()
+            if now >= next_tick:
+                with self.lock:
+                    self.core.ingest.tick(now)
+                next_tick = now + TICK_S
+            if now >= next_prune:
+                with self.lock:
+                    self.core.ingest.prune(now)
+                next_prune = now + PRUNE_S
+        self.close()
+        return 0
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.sock.close(0)
+        self.zctx.term()
+        log.info("aggregator stopped")
+
+
+def run(cfg: AggregatorConfig) -> int:
+    server = Server(cfg)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        server.stop_event.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return server.run()

@@ -1,0 +1,104 @@
+"""SQLite persistence (stdlib sqlite3, WAL): hosts, per-boot sequence state, stored frames.
+
+Acks are sent only after the frames they cover are committed, so a crash between receive and
+commit makes the agent resend rather than lose anything.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS hosts (
+    name TEXT PRIMARY KEY, boot TEXT NOT NULL, hello TEXT NOT NULL,
+    first_seen REAL NOT NULL, last_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS seqs (
+    host TEXT NOT NULL, boot TEXT NOT NULL, contiguous INTEGER NOT NULL,
+    lost INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (host, boot)
+);
+CREATE TABLE IF NOT EXISTS frames (
+    host TEXT NOT NULL, boot TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
+    ts REAL NOT NULL, received REAL NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (host, boot, seq)
+);
+CREATE INDEX IF NOT EXISTS frames_received ON frames (received);
+"""
+
+
+def connect(path: str | Path, check_same_thread: bool = True) -> sqlite3.Connection:
+    if str(path) != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=check_same_thread)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    return conn
+
+
+class Store:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        conn.executescript(SCHEMA)
+
+    def begin(self) -> None:
+        self.conn.execute("BEGIN")
+
+    def commit(self) -> None:
+        self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+
+    def insert_frame(self, host: str, boot: str, seq: int, kind: str, ts: float,
+                     received: float, data: bytes) -> bool:
+        """False if (host, boot, seq) is already stored."""
+        cur = self.conn.execute(
+            "INSERT OR IGNORE INTO frames VALUES (?,?,?,?,?,?,?)",
+            (host, boot, seq, kind, ts, received, data))
+        return cur.rowcount == 1
+
+    def stored_seqs_above(self, host: str, boot: str, seq: int) -> list[int]:
+        rows = self.conn.execute(
+            "SELECT seq FROM frames WHERE host=? AND boot=? AND seq>? ORDER BY seq",
+            (host, boot, seq))
+        return [r[0] for r in rows]
+
+    def save_seq(self, host: str, boot: str, contiguous: int, lost: int) -> None:
+        self.conn.execute(
+            "INSERT INTO seqs VALUES (?,?,?,?) ON CONFLICT(host, boot) DO UPDATE SET "
+            "contiguous=excluded.contiguous, lost=excluded.lost", (host, boot, contiguous, lost))
+
+    def load_seq(self, host: str, boot: str) -> tuple[int, int]:
+        row = self.conn.execute("SELECT contiguous, lost FROM seqs WHERE host=? AND boot=?",
+                                (host, boot)).fetchone()
+        return (row[0], row[1]) if row else (0, 0)
+
+    def save_host(self, name: str, boot: str, hello: dict[str, Any], first_seen: float,
+                  last_seen: float) -> None:
+        self.conn.execute(
+            "INSERT INTO hosts VALUES (?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
+            "boot=excluded.boot, hello=excluded.hello, last_seen=excluded.last_seen",
+            (name, boot, json.dumps(hello, sort_keys=True), first_seen, last_seen))
+
+    def touch_host(self, name: str, last_seen: float) -> None:
+        self.conn.execute("UPDATE hosts SET last_seen=? WHERE name=?", (last_seen, name))
+
+    def hosts(self) -> Iterable[tuple[str, str, dict[str, Any], float, float]]:
+        for name, boot, hello, first, last in self.conn.execute(
+                "SELECT name, boot, hello, first_seen, last_seen FROM hosts ORDER BY name"):
+            yield name, boot, json.loads(hello), first, last
+
+    def frames(self, host: str | None = None) -> list[tuple[str, str, int, str]]:
+        q = "SELECT host, boot, seq, kind FROM frames"
+        args: tuple = ()
+        if host is not None:
+            q += " WHERE host=?"
+            args = (host,)
+        return list(self.conn.execute(q + " ORDER BY host, boot, seq", args))
+
+    def prune(self, older_than: float) -> int:
+        return self.conn.execute("DELETE FROM frames WHERE received < ?", (older_than,)).rowcount

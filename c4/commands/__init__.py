@@ -1,0 +1,1 @@
+"""Subcommands of `c4`; each module has `register(subparsers)`."""

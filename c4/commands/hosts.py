@@ -1,0 +1,119 @@
+"""`c4 hosts` and `c4 host NAME`: what the aggregator knows about each host."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+from urllib.parse import quote
+
+from rich.console import Console
+from rich.table import Table
+
+from ._http import ApiError, add_aggregator_arg, fail, get_json, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("hosts", help="list hosts", description="List the hosts the aggregator "
+                       "knows: status, last report, NICs, key RoCE rates, collector health.")
+    add_aggregator_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=_hosts)
+    p = sub.add_parser("host", help="show one host", description="Show one host: inventory, "
+                       "collector health, RDMA port counters with rates, recent events.")
+    p.add_argument("name", help="host name as the agent reports it")
+    add_aggregator_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=_host)
+
+
+def _hosts(args: argparse.Namespace) -> int:
+    try:
+        data = get_json(args.aggregator, "/api/v1/hosts")
+    except ApiError as exc:
+        return fail(str(exc))
+    if args.json:
+        print_json(data)
+    else:
+        Console().print(hosts_table(data["hosts"]))
+    return 0
+
+
+def _host(args: argparse.Namespace) -> int:
+    try:
+        data = get_json(args.aggregator, f"/api/v1/hosts/{quote(args.name, safe='')}")
+    except ApiError as exc:
+        return fail(str(exc))
+    if args.json:
+        print_json(data)
+    else:
+        print_host(data, Console())
+    return 0
+
+
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def hosts_table(hosts: list[dict[str, Any]]) -> Table:
+    t = Table(title=f"{len(hosts)} host(s)")
+    for col in ("host", "status", "last seen", "reports", "ports up", "CNP sent/s",
+                "ECN marked/s", "OOS/s", "collectors"):
+        t.add_column(col, justify="right" if col not in ("host", "status", "collectors") else "left")
+    for h in hosts:
+        r = h.get("rates", {})
+        down = h.get("collectors_down", [])
+        coll = f"{len(h.get('collectors_ok', []))} ok" + (f", off: {', '.join(down)}" if down else "")
+        t.add_row(h["name"], "[red]silent[/]" if h["status"] == "silent" else "[green]up[/]",
+                  f"{h['last_seen_age_s']:.1f}s ago", str(h["reports"]),
+                  f"{h['ports_active']}/{h['ports']}", _rate(r.get("np_cnp_sent")),
+                  _rate(r.get("np_ecn_marked_roce_packets")), _rate(r.get("out_of_sequence")), coll)
+    return t
+
+
+def print_host(h: dict[str, Any], console: Console) -> None:
+    console.print(f"[bold]{h['name']}[/]  status={h['status']}  agent={h.get('agent_version')}  "
+                  f"last seen {h['last_seen_age_s']:.1f}s ago  reports={h['reports']}  "
+                  f"seq={h['seq']['contiguous']} lost={h['seq']['lost']}")
+    health = (h.get("report") or {}).get("health") or h.get("hello", {}).get("collectors", {})
+    t = Table(title="collectors")
+    t.add_column("collector")
+    t.add_column("state")
+    t.add_column("reason")
+    for name in sorted(health):
+        ok = health[name].get("ok")
+        t.add_row(name, "[green]ok[/]" if ok else "[red]off[/]", health[name].get("reason", ""))
+    console.print(t)
+    report = h.get("report") or {}
+    ports = (report.get("rdma") or {}).get("ports", [])
+    if ports:
+        t = Table(title="RDMA ports (value, rate/s)")
+        for col in ("port", "state", "netdev", "rate", "counter", "value", "delta", "rate/s"):
+            t.add_column(col)
+        for p in ports:
+            first = True
+            for name in sorted(p.get("counters", {})):
+                head = (f"{p['dev']}/{p['port']}", p.get("state", ""), p.get("netdev") or "",
+                        f"{p.get('rate_gbps', 0):g} Gb/s") if first else ("", "", "", "")
+                t.add_row(*head, name, f"{p['counters'][name]:,}",
+                          str(p.get("deltas", {}).get(name, "")),
+                          _rate(p.get("rates", {}).get(name)) if name in p.get("rates", {}) else "")
+                first = False
+        console.print(t)
+    host = report.get("host")
+    if host:
+        console.print(f"host: cpu {host['cpu_pct']:.1f}%  load1 {host['load1']:.2f}  mem "
+                      f"{host['mem_used_bytes'] / 2**30:.1f}/{host['mem_total_bytes'] / 2**30:.1f} GiB"
+                      f"  agent rss {host.get('agent_rss_bytes', 0) / 2**20:.0f} MiB")
+    for key, label in (("tcp_flows", "TCP flows"), ("verbs_qp", "verbs QPs"), ("nccl", "NCCL")):
+        sec = report.get(key)
+        if sec:
+            items = sec.get("flows") or sec.get("qps") or sec.get("comms") or []
+            console.print(f"{label}: {len(items)} (see --json for details)")
+    events = h.get("events", [])
+    if events:
+        t = Table(title=f"recent events ({len(events)})")
+        for col in ("agent time", "type", "severity", "device", "message"):
+            t.add_column(col)
+        for e in events[-20:]:
+            t.add_row(f"{e['ts']:.3f}", e["type"], e["severity"], e.get("device") or "",
+                      (e.get("msg") or "")[:80])
+        console.print(t)
