@@ -76,6 +76,6 @@ def load(source_name: str, tracepoints: Iterable[str] = (), cflags: Iterable[str
         raise CollectorUnavailable(f"kernel has no BTF ({BTF_VMLINUX})")
     text = bpf_source(source_name)
     try:
-        return bcc.BPF(text=text, cflags=list(cflags))
+        return bcc.BPF(text=text.encode(), cflags=list(cflags))
     except Exception as exc:  # BCC raises bare Exception on compile/load failure
         raise CollectorUnavailable(f"loading {source_name} failed: {exc}") from None

@@ -23,7 +23,8 @@ NETDEV = Record(
     doc={
         "netdev": "network interface",
         "counters": "raw pause counters (empty when the driver has none, e.g. a veth)",
-        "dev": "the RDMA device whose port this netdev is (nil when listed in config)",
+        "dev": "the RDMA device whose port this netdev is (absent for netdevs from the "
+               "`netdevs` option)",
         "port": "that RDMA port",
         "deltas": "change since the previous report (absent on the first sample)",
         "rates": "deltas per second over the measured interval (`*_pause_duration`: "

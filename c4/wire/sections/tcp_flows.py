@@ -1,7 +1,149 @@
-"""Placeholder: filled in by the collector's issue."""
+"""`tcp_flows` section: per-connection TCP counters from eBPF tracepoints (bpf/tcp_flows.c),
+plus host-wide skb drop reasons, and the discrete events retransmit burst and reset."""
 from __future__ import annotations
 
-from ..schema import Record
+from ..schema import COUNTER, U32, Bool, Enum, Float, Int, List, Map, Record, Str
 
-SECTION: Record | None = None
-EVENTS: dict[str, Record] = {}
+MAX_FLOWS_PER_REPORT = 65536
+TCP_STATES = ("ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT",
+              "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV", "UNKNOWN")
+FAMILY = Enum(("ipv4", "ipv6"))
+ADDR = Str(45, r"[0-9a-fA-F:.]+")
+PORT = Int(0, 65535)
+COMM = Str(16)
+REASON = Str(64, r"[A-Z0-9_]+")
+RATE = Float(0, 1e15)
+
+FLOW = Record(
+    required={
+        "saddr": ADDR,
+        "daddr": ADDR,
+        "sport": PORT,
+        "dport": PORT,
+        "family": FAMILY,
+        "netns": U32,
+        "pid": U32,
+        "comm": COMM,
+        "state": Enum(TCP_STATES),
+        "bytes_acked": COUNTER,
+        "bytes_received": COUNTER,
+        "retrans_segs": COUNTER,
+        "bytes_acked_delta": COUNTER,
+        "bytes_received_delta": COUNTER,
+        "retrans_segs_delta": COUNTER,
+        "bytes_acked_rate": RATE,
+        "bytes_received_rate": RATE,
+        "srtt_us": U32,
+        "cwnd": U32,
+        "closed": Bool(),
+    },
+    optional={
+        "state_changes": U32,
+        "retrans_failed": COUNTER,
+        "drops": COUNTER,
+        "drops_delta": COUNTER,
+        "last_drop_reason": REASON,
+        "cookie": Int(1, 2**64 - 1),
+    },
+    doc={
+        "saddr": "local address (IPv4 dotted or IPv6 text; an IPv6 socket talking IPv4 shows "
+                 "`::ffff:a.b.c.d`)",
+        "daddr": "remote address",
+        "sport": "local port",
+        "dport": "remote port",
+        "family": "`ipv4` or `ipv6` (the socket's family)",
+        "netns": "network namespace inode (`ls -l /proc/PID/ns/net`) of the owner process, "
+                 "read when the flow is first reported; 0 when the owner is unknown or gone",
+        "pid": "process (thread group) that owns the socket: the caller of connect(), or the "
+               "first process that sent or received on it (kernels with sock:sock_send_length)"
+               "; 0 when unknown (accepted connections on older kernels)",
+        "comm": "name of that process's thread; empty when unknown",
+        "state": "TCP state after the last transition seen",
+        "bytes_acked": "bytes the peer acknowledged since the flow was first seen (advance of "
+                       "snd_una on segments received in ESTABLISHED state; acks that arrive "
+                       "after this side sent its FIN are not seen)",
+        "bytes_received": "bytes the application read (sock:sock_recv_length), or on kernels "
+                          "without it the payload of incoming segments, duplicates included "
+                          "(see `features`)",
+        "retrans_segs": "retransmitted skbs (tcp:tcp_retransmit_skb without error): segments "
+                        "when TSO/GSO is off, else a lower bound of TcpRetransSegs",
+        "bytes_acked_delta": "bytes_acked since the previous report (all of it for a flow new "
+                             "in this interval)",
+        "bytes_received_delta": "bytes_received since the previous report",
+        "retrans_segs_delta": "retrans_segs since the previous report",
+        "bytes_acked_rate": "bytes_acked_delta per second of the interval",
+        "bytes_received_rate": "bytes_received_delta per second of the interval",
+        "srtt_us": "smoothed RTT in microseconds at the last received segment; 0 before one",
+        "cwnd": "congestion window in segments at the last received segment",
+        "closed": "true exactly once, in the report after the connection reached CLOSE; the "
+                  "flow is then forgotten",
+        "state_changes": "state transitions seen",
+        "retrans_failed": "retransmissions the kernel attempted but could not send",
+        "drops": "skbs of this socket the kernel dropped (skb:kfree_skb with `rx_sk`)",
+        "drops_delta": "drops since the previous report",
+        "last_drop_reason": "reason of the last of those drops (kernel `enum skb_drop_reason` "
+                            "name)",
+        "cookie": "socket cookie (as `ss -e` prints after `sk:`, in hex there); absent until "
+                  "the first received segment",
+    },
+)
+
+SECTION = Record(
+    required={
+        "flows": List(FLOW, MAX_FLOWS_PER_REPORT),
+        "omitted": U32,
+        "tracked": U32,
+        "map_full": COUNTER,
+        "drops": Map(REASON, COUNTER, 512),
+        "drops_delta": Map(REASON, COUNTER, 512),
+    },
+    optional={
+        "unattributed": U32,
+        "closed_lost": COUNTER,
+        "events_lost": COUNTER,
+        "events_suppressed": U32,
+        "features": List(Str(32, r"[a-z0-9_]+"), 32),
+    },
+    doc={
+        "flows": "connections, the most active first (bytes moved this interval, then "
+                 "retransmits), at most `max_report_flows`",
+        "omitted": "flows tracked but not listed this interval (over `max_report_flows`); "
+                   "closed ones among them are forgotten unreported",
+        "tracked": "flows in the kernel map now, closed ones of this interval included",
+        "map_full": "insertions refused because the flow map held `max_flows` entries "
+                    "(since the agent started; every event of an untracked flow retries)",
+        "drops": "IPv4/IPv6 skbs dropped on this host by reason (skb:kfree_skb, all sockets "
+                 "and none: e.g. `NETFILTER_DROP`, `TCP_OFOMERGE`), since the agent started; "
+                 "`OTHER` collects reasons >= 255",
+        "drops_delta": "drops since the previous report, non-zero reasons only",
+        "unattributed": "flows hidden because a `pids`/`cgroup` filter is set and their owner "
+                        "is not known yet",
+        "closed_lost": "closed flows lost because the closed-flow map was full",
+        "events_lost": "events the kernel could not queue (ring/perf buffer full)",
+        "events_suppressed": "events over `max_events` this interval, counted and not sent",
+        "features": "optional kernel features in use, e.g. `ringbuf`, `rx_sk`, "
+                    "`sock_length`, `send_reset`, `receive_reset`",
+    },
+)
+
+FLOW_TUPLE = {"saddr": ADDR, "daddr": ADDR, "sport": PORT, "dport": PORT, "family": FAMILY,
+              "pid": U32, "comm": COMM, "state": Enum(TCP_STATES)}
+TUPLE_DOC = {"saddr": "local address", "daddr": "remote address", "sport": "local port",
+             "dport": "remote port", "family": "`ipv4` or `ipv6`",
+             "pid": "owner process, 0 if unknown", "comm": "owner name, empty if unknown",
+             "state": "TCP state of the socket (`UNKNOWN` for a reset sent without one)"}
+
+EVENTS: dict[str, Record] = {
+    "tcp_retrans_burst": Record(
+        required={**FLOW_TUPLE, "retrans": U32},
+        doc={**TUPLE_DOC, "retrans": "retransmits on this flow within the interval when the "
+                                     "event fired (the `retrans_burst` threshold)"},
+    ),
+    "tcp_reset": Record(
+        required={**FLOW_TUPLE, "direction": Enum(("sent", "received"))},
+        optional={"reason": REASON},
+        doc={**TUPLE_DOC, "direction": "`sent` (tcp:tcp_send_reset) or `received` "
+                                       "(tcp:tcp_receive_reset)",
+             "reason": "why the kernel sent it (`enum sk_rst_reason` name, kernels 6.10+)"},
+    ),
+}

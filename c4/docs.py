@@ -1,0 +1,71 @@
+"""Keep the generated parts of docs/ true to the code.
+
+    python -m c4.docs            # rewrite the generated tables in docs/wire.md, docs/config.md
+    python -m c4.docs --check    # exit 1 if any is stale (a unit test runs this)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+BEGIN = "<!-- BEGIN GENERATED: python -m c4.docs -->"
+END = "<!-- END GENERATED -->"
+
+
+def _config_tables() -> str:
+    from agent.config import AgentConfig
+    from aggregator.actions import ActionsConfig
+    from aggregator.config import AggregatorConfig
+    from aggregator.diagnosis.config import DiagnosisConfig
+
+    from .config import describe
+
+    out = []
+    for title, cls in (("agent.toml", AgentConfig), ("aggregator.toml", AggregatorConfig),
+                       ("aggregator.toml `[diagnosis]`", DiagnosisConfig),
+                       ("aggregator.toml `[actions]`", ActionsConfig)):
+        out += [f"### {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for key, typ, default, doc in describe(cls):
+            out.append(f"| `{key}` | {typ} | `{default}` | {doc} |".replace("\n", " "))
+        out.append("")
+    return "\n".join(out)
+
+
+def _wire_tables() -> str:
+    from .wire.doc import render
+
+    return render()
+
+
+GENERATED: dict[str, Callable[[], str]] = {"wire.md": _wire_tables, "config.md": _config_tables}
+
+
+def splice(text: str, generated: str, name: str) -> str:
+    head, sep, rest = text.partition(BEGIN)
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        raise SystemExit(f"docs/{name}: generated-region markers not found")
+    return f"{head}{BEGIN}\n{generated}\n{END}{tail}"
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name, render in GENERATED.items():
+        path = DOCS / name
+        text = path.read_text()
+        new = splice(text, render(), name)
+        if new != text:
+            stale.append(name)
+            if "--check" not in argv:
+                path.write_text(new)
+    if stale and "--check" in argv:
+        print(f"stale: {', '.join('docs/' + n for n in stale)}: run `python -m c4.docs`",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,52 @@
+"""Every subcommand documents itself; every query subcommand speaks JSON; errors are clear."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from c4.cli import COMMANDS, build_parser
+from tests.e2e.procs import free_port
+
+QUERIES = ("hosts", "host", "incidents", "incident", "replay")
+
+
+def _subparsers(parser):
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            return action.choices
+    return {}
+
+
+def test_every_subcommand_has_help() -> None:
+    top = _subparsers(build_parser())
+    assert set(COMMANDS) <= set(top)
+    for name, p in top.items():
+        assert p.description or p.format_help(), name
+        for sub_name, sp in _subparsers(p).items():
+            assert "usage:" in sp.format_help(), f"{name} {sub_name}"
+
+
+def test_query_subcommands_have_json() -> None:
+    top = _subparsers(build_parser())
+    for name in QUERIES:
+        opts = {o for a in top[name]._actions for o in a.option_strings}
+        assert "--json" in opts, name
+
+
+@pytest.mark.parametrize("args", [["hosts"], ["host", "x"], ["incidents"]])
+def test_unreachable_aggregator_is_a_clear_error(args: list[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    out = subprocess.run([sys.executable, "-m", "c4.cli", *args, "--aggregator", url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "cannot reach the aggregator" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_config_exits_2_with_the_key(tmp_path) -> None:
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text("interval = -1\n")
+    out = subprocess.run([sys.executable, "-m", "c4.cli", "agent", "run", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "interval" in out.stderr
