@@ -12,6 +12,8 @@ decoding, the per-interval flow table (pure, tested with captured entries), the 
 from __future__ import annotations
 
 import ctypes
+import errno
+import functools
 import heapq
 import ipaddress
 import os
@@ -20,10 +22,11 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+from c4.wire.sections.tcp_flows import MAX_FLOWS_PER_REPORT
 
 from .. import bpf
-from ..deltas import CounterTracker
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 from .options import check_keys, get_int
 
@@ -71,7 +74,8 @@ def parse_options(options: Mapping[str, Any]) -> Options:
         pids=_int_list(options, "pids", 1, 2**31 - 1, MAX_PIDS),
         cgroup=cgroup.rstrip("/") or ("/" if cgroup else ""),
         max_flows=get_int(NAME, options, "max_flows", 16384, 64, 1 << 20),
-        max_report_flows=get_int(NAME, options, "max_report_flows", 2048, 1, 65536),
+        max_report_flows=get_int(NAME, options, "max_report_flows", 2048, 1,
+                                 MAX_FLOWS_PER_REPORT),
         retrans_burst=get_int(NAME, options, "retrans_burst", 100, 0, 1 << 30),
         max_events=get_int(NAME, options, "max_events", 100, 0, 100000),
     )
@@ -213,7 +217,7 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
     kfree, reset = fmts["skb/kfree_skb"], fmts["tcp/tcp_send_reset"]
     return Features(
         cflags=tuple(flags), names=tuple(names),
-        drop_reasons=kfree.symbols("reason") if kfree else {},
+        drop_reasons=kfree.symbols("reason") if kfree and "drop_reason" in names else {},
         rst_reasons=reset.symbols("reason") if reset and "-DC4_HAVE_RST_REASON" in flags else {},
         ringbuf=ringbuf)
 
@@ -224,6 +228,8 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
 FLOW_LAYOUT = struct.Struct("=5Q11I3H5B16s16s16sx")
 EVENT_LAYOUT = struct.Struct("=Q3I3H2B16s16s16s4x")
 CLOSED_KEY = struct.Struct("=2Q")
+FLOW_KEY = struct.Struct("=Q")
+U32 = struct.Struct("=I")
 AF_INET6 = 10
 TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1",
                    5: "FIN_WAIT2", 6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK",
@@ -235,11 +241,13 @@ DROP_SLOTS = 256
 EV_RETRANS_BURST, EV_RESET_SENT, EV_RESET_RECEIVED = 1, 2, 3
 
 
+@functools.lru_cache(maxsize=8192)  # a host talks to few addresses; formatting is slow
 def _addr(raw: bytes, family: int) -> str:
     return str(ipaddress.IPv6Address(raw) if family == AF_INET6
                else ipaddress.IPv4Address(raw[:4]))
 
 
+@functools.lru_cache(maxsize=4096)
 def _comm(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
@@ -248,9 +256,8 @@ def _family(family: int) -> str:
     return "ipv6" if family == AF_INET6 else "ipv4"
 
 
-@dataclass(slots=True)
-class FlowEntry:
-    """One decoded `struct flow`."""
+class FlowEntry(NamedTuple):
+    """One `struct flow`, fields in layout order (flags are 0/1)."""
 
     first_ns: int
     cookie: int
@@ -262,29 +269,31 @@ class FlowEntry:
     drops: int
     last_drop_reason: int
     state_changes: int
+    snd_una: int
     srtt_us: int
     cwnd: int
     pid: int
+    burst_epoch: int
+    burst_count: int
     sport: int
     dport: int
     family: int
     state: int
-    owner_known: bool
-    ignored: bool
-    closed: bool
+    una_valid: int
+    owner_known: int
+    ignored: int
+    closed: int
     saddr: bytes
     daddr: bytes
-    comm: str
+    comm_raw: bytes
 
     @classmethod
     def decode(cls, raw: bytes) -> FlowEntry:
-        (first_ns, cookie, cgroup, acked, received, retrans, retrans_fail, drops, last_drop,
-         state_changes, _snd_una, srtt, cwnd, pid, _bepoch, _bcount, sport, dport, family,
-         state, _una_valid, owner_known, ignored, closed, saddr, daddr,
-         comm) = FLOW_LAYOUT.unpack(raw)
-        return cls(first_ns, cookie, cgroup, acked, received, retrans, retrans_fail, drops,
-                   last_drop, state_changes, srtt, cwnd, pid, sport, dport, family, state,
-                   bool(owner_known), bool(ignored), bool(closed), saddr, daddr, _comm(comm))
+        return cls._make(FLOW_LAYOUT.unpack(raw))
+
+    @property
+    def comm(self) -> str:
+        return _comm(self.comm_raw)
 
 
 def decode_event(raw: bytes, rst_reasons: Mapping[int, str]) -> Event | None:
@@ -312,7 +321,7 @@ def decode_event(raw: bytes, rst_reasons: Mapping[int, str]) -> Event | None:
 # ------------------------------------------------------------------------- per-interval table
 
 FlowId = tuple[int, int]  # (socket address, first_ns): unique over time
-COUNTED = ("bytes_acked", "bytes_received", "retrans", "drops")
+Counts = tuple[int, int, int, int]  # bytes_acked, bytes_received, retrans, drops
 
 
 @dataclass
@@ -326,71 +335,76 @@ class TableResult:
 @dataclass
 class FlowTable:
     """Turns map snapshots into report rows: deltas against the previous interval, top flows
-    by activity, closed flows reported once and then forgotten."""
+    by activity, closed flows reported once and then forgotten. Runs over every flow every
+    interval, so it keeps to tuples and caches (bench/agent_cpu.py)."""
 
     max_report: int
     owner_filter: bool
     netns_of: Callable[[int], int]  # pid -> network namespace inode (0: unknown)
     drop_names: Mapping[int, str] = field(default_factory=dict)
-    _counters: CounterTracker = field(default_factory=CounterTracker)
+    _prev: dict[FlowId, Counts] = field(default_factory=dict)
     _netns: dict[FlowId, int] = field(default_factory=dict)
 
     def update(self, live: Mapping[int, FlowEntry], closed: Iterable[tuple[FlowId, FlowEntry]],
-               now: float, interval: float) -> TableResult:
+               interval: float) -> TableResult:
         """`live`: socket address -> entry of the flows map; `closed`: entries taken from
         the closed map; `interval`: seconds since the previous update."""
         entries: dict[FlowId, FlowEntry] = {(sk, e.first_ns): e for sk, e in live.items()
                                             if not e.ignored}
         entries.update(closed)  # a flow that closed between the two reads: closed wins
-        tracked = len(entries)
         unattributed = 0
         scored = []
+        prev, zero = self._prev, (0, 0, 0, 0)
+        current: dict[FlowId, Counts] = {}
         for fid, e in entries.items():
             if self.owner_filter and not e.owner_known:
                 unattributed += 1
                 continue
-            values = {k: getattr(e, k) for k in COUNTED}
-            change = self._counters.update(fid, now, values)
-            deltas = values if change is None else change.deltas
-            activity = (deltas["bytes_acked"] + deltas["bytes_received"], deltas["retrans"])
-            scored.append((activity, fid, e, deltas))
-        top = heapq.nlargest(self.max_report, scored, key=lambda s: s[0])
-        rows = [self._row(fid, e, deltas, interval) for _, fid, e, deltas in top]
-        # forget closed flows and flows that vanished (e.g. a missed close)
-        keep = {fid for fid, e in entries.items() if not e.closed}
-        for fid in self._counters.retain(keep):
-            self._netns.pop(fid, None)
-        return TableResult(rows, len(scored) - len(rows), tracked, unattributed)
-
-    def _row(self, fid: FlowId, e: FlowEntry, deltas: Mapping[str, int],
-             interval: float) -> dict[str, Any]:
-        if fid not in self._netns:
-            self._netns[fid] = self.netns_of(e.pid) if e.pid else 0
+            counts = (e.bytes_acked, e.bytes_received, e.retrans, e.drops)
+            # a flow absent last time was created since: all of it is this interval's
+            p = prev.get(fid, zero)
+            deltas = (counts[0] - p[0], counts[1] - p[1], counts[2] - p[2], counts[3] - p[3])
+            scored.append((deltas[0] + deltas[1], deltas[2], fid, e, deltas))
+            if not e.closed:
+                current[fid] = counts
+        top = heapq.nlargest(self.max_report, scored)  # ties end at the unique fid
         per_s = 1.0 / interval if interval > 0 else 0.0
+        rows = [self._row(fid, e, deltas, per_s) for _, _, fid, e, deltas in top]
+        # forget closed flows and flows that vanished (e.g. a missed close)
+        self._prev = current
+        for fid in [f for f in self._netns if f not in current]:
+            del self._netns[fid]
+        return TableResult(rows, len(scored) - len(rows), len(entries), unattributed)
+
+    def _row(self, fid: FlowId, e: FlowEntry, deltas: Counts, per_s: float) -> dict[str, Any]:
+        # one unpack instead of ~25 attribute loads: this runs for every flow every interval
+        (_, cookie, _, acked, received, retrans, retrans_fail, drops, last_drop, state_changes,
+         _, srtt_us, cwnd, pid, _, _, sport, dport, family, state, _, _, _, closed, saddr,
+         daddr, comm_raw) = e
+        netns = self._netns.get(fid)
+        if netns is None and pid:  # read once, while the owner most likely still runs
+            netns = self._netns[fid] = self.netns_of(pid)
+        acked_d, received_d = deltas[0], deltas[1]
         row: dict[str, Any] = {
-            "saddr": _addr(e.saddr, e.family), "daddr": _addr(e.daddr, e.family),
-            "sport": e.sport, "dport": e.dport, "family": _family(e.family),
-            "netns": self._netns[fid], "pid": e.pid, "comm": e.comm,
-            "state": TCP_STATE_NAMES.get(e.state, "UNKNOWN"),
-            "bytes_acked": e.bytes_acked, "bytes_received": e.bytes_received,
-            "retrans_segs": e.retrans,
-            "bytes_acked_delta": deltas["bytes_acked"],
-            "bytes_received_delta": deltas["bytes_received"],
-            "retrans_segs_delta": deltas["retrans"],
-            "bytes_acked_rate": deltas["bytes_acked"] * per_s,
-            "bytes_received_rate": deltas["bytes_received"] * per_s,
-            "srtt_us": e.srtt_us, "cwnd": e.cwnd, "closed": e.closed,
-            "state_changes": e.state_changes,
+            "saddr": _addr(saddr, family), "daddr": _addr(daddr, family),
+            "sport": sport, "dport": dport, "family": _family(family),
+            "netns": netns or 0, "pid": pid, "comm": _comm(comm_raw),
+            "state": TCP_STATE_NAMES.get(state, "UNKNOWN"),
+            "bytes_acked": acked, "bytes_received": received, "retrans_segs": retrans,
+            "bytes_acked_delta": acked_d, "bytes_received_delta": received_d,
+            "retrans_segs_delta": deltas[2],
+            "bytes_acked_rate": acked_d * per_s, "bytes_received_rate": received_d * per_s,
+            "srtt_us": srtt_us, "cwnd": cwnd, "closed": closed == 1,
+            "state_changes": state_changes,
         }
-        if e.retrans_fail:
-            row["retrans_failed"] = e.retrans_fail
-        if e.drops:
-            row["drops"] = e.drops
-            row["drops_delta"] = deltas["drops"]
-            row["last_drop_reason"] = self.drop_names.get(e.last_drop_reason,
-                                                          f"REASON_{e.last_drop_reason}")
-        if e.cookie:
-            row["cookie"] = e.cookie
+        if retrans_fail:
+            row["retrans_failed"] = retrans_fail
+        if drops:
+            row["drops"] = drops
+            row["drops_delta"] = deltas[3]
+            row["last_drop_reason"] = self.drop_names.get(last_drop, f"REASON_{last_drop}")
+        if cookie:
+            row["cookie"] = cookie
         return row
 
 
@@ -405,6 +419,53 @@ def drop_counts(slots: Mapping[int, int], names: Mapping[int, str]) -> dict[str,
     return out
 
 
+@dataclass
+class Snapshot:
+    """What one collect reads from the kernel, raw (the unit tests replay captured ones)."""
+
+    live: dict[int, bytes]               # socket address -> struct flow
+    closed: list[tuple[bytes, bytes]]    # struct closed_key, struct flow
+    stats: dict[int, int]                # STATS index -> sum over CPUs
+    drop_slots: dict[int, int]           # drop reason slot -> sum over CPUs
+    events: list[bytes]                  # struct event records
+    perf_lost: int = 0                   # perf buffer losses reported to user space
+
+
+class Reporter:
+    """Snapshot -> report section and events: the collector minus the kernel."""
+
+    def __init__(self, opts: Options, feats: Features, netns_of: Callable[[int], int]) -> None:
+        self.opts, self.feats = opts, feats
+        self.table = FlowTable(opts.max_report_flows, opts.owner_filter, netns_of,
+                               feats.drop_reasons)
+        self._drops: dict[str, int] = {}
+
+    def report(self, snap: Snapshot, interval: float) -> Sample:
+        live = {sk: FlowEntry.decode(raw) for sk, raw in snap.live.items()}
+        closed = [(CLOSED_KEY.unpack(key), FlowEntry.decode(raw)) for key, raw in snap.closed]
+        res = self.table.update(live, closed, interval)
+        drops = drop_counts(snap.drop_slots, self.feats.drop_reasons)
+        section: dict[str, Any] = {
+            "flows": res.flows, "omitted": res.omitted, "tracked": res.tracked,
+            "map_full": snap.stats.get(STATS.index("map_full"), 0),
+            "drops": drops,
+            "drops_delta": {k: v - self._drops.get(k, 0) for k, v in drops.items()
+                            if v != self._drops.get(k, 0)},
+            "closed_lost": snap.stats.get(STATS.index("closed_full"), 0),
+            "events_lost": snap.stats.get(STATS.index("events_lost"), 0) + snap.perf_lost,
+            "features": list(self.feats.names),
+        }
+        self._drops = drops
+        if self.opts.owner_filter:
+            section["unattributed"] = res.unattributed
+        events = [e for e in (decode_event(raw, self.feats.rst_reasons) for raw in snap.events)
+                  if e]
+        if len(events) > self.opts.max_events:
+            section["events_suppressed"] = len(events) - self.opts.max_events
+            events = events[:self.opts.max_events]
+        return Sample(section, events)
+
+
 # ---------------------------------------------------------------------------------- collector
 
 def _netns_reader(proc_root: Path) -> Callable[[int], int]:
@@ -416,29 +477,64 @@ def _netns_reader(proc_root: Path) -> Callable[[int], int]:
     return netns_of
 
 
-def _read_table(table: Any, delete: bool = False) -> list[tuple[Any, Any]]:
-    """All entries in one batch syscall where the kernel supports it."""
-    try:
-        if delete:
-            return list(table.items_lookup_and_delete_batch())
-        return list(table.items_lookup_batch())
-    except Exception:  # BCC raises bare Exception: no batch ops (kernel < 5.6) or EINVAL
-        items = list(table.items())
+ENOTSUPP = 524  # the kernel's internal "not supported", not in Python's errno
+
+
+class MapReader:
+    """Whole-map reads as raw (key, value) bytes, in batch syscalls into buffers kept for
+    the next interval. BCC's own batch API makes a ctypes object per entry, which costs
+    more than everything else the collector does with a flow."""
+
+    def __init__(self, table: Any) -> None:
+        from bcc.libbcc import lib  # BCC is there: the program loaded
+
+        self.lib, self.table = lib, table
+        self.ksize, self.vsize = ctypes.sizeof(table.Key), ctypes.sizeof(table.Leaf)
+        self.cap = table.max_entries
+        self.keys = ctypes.create_string_buffer(self.ksize * self.cap)
+        self.values = ctypes.create_string_buffer(self.vsize * self.cap)
+        self.batch = True  # until the kernel says otherwise (batch ops: Linux 5.6+)
+
+    def read(self, delete: bool = False) -> list[tuple[bytes, bytes]]:
+        if self.batch:
+            try:
+                return self._read_batch(delete)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
+                    raise
+                self.batch = False
+        items = [(bytes(k), bytes(v)) for k, v in self.table.items()]
         if delete:
             for k, _ in items:
-                try:
-                    del table[k]
-                except KeyError:
-                    pass
+                self.table.pop(self.table.Key.from_buffer_copy(k), None)
         return items
 
+    def _read_batch(self, delete: bool) -> list[tuple[bytes, bytes]]:
+        fn = self.lib.bpf_lookup_and_delete_batch if delete else self.lib.bpf_lookup_batch
+        token, total = ctypes.c_uint32(0), 0
+        while total < self.cap:
+            count = ctypes.c_uint32(self.cap - total)
+            res = fn(self.table.map_fd, ctypes.byref(token) if total else None,
+                     ctypes.byref(token), ctypes.byref(self.keys, self.ksize * total),
+                     ctypes.byref(self.values, self.vsize * total), ctypes.byref(count))
+            err = ctypes.get_errno()
+            total += count.value
+            if res != 0:
+                if err == errno.ENOENT:
+                    break  # the whole map was read
+                raise OSError(err, f"bpf map batch read: {os.strerror(err)}")
+            if count.value == 0:
+                break  # no progress: concurrent updates; the rest comes next interval
+        keys = self.keys.raw[:self.ksize * total]
+        values = self.values.raw[:self.vsize * total]
+        return [(keys[i * self.ksize:(i + 1) * self.ksize],
+                 values[i * self.vsize:(i + 1) * self.vsize]) for i in range(total)]
 
-def _int_key(k: Any) -> int:
-    return k if isinstance(k, int) else k.value  # batch reads give ints, items() ctypes
 
-
-def _percpu_sums(table: Any) -> dict[int, int]:
-    return {_int_key(k): sum(v) for k, v in _read_table(table)}
+def percpu_sums(reader: MapReader) -> dict[int, int]:
+    """Per-CPU array index -> sum over CPUs (each value holds one u64 per possible CPU)."""
+    per_cpu = struct.Struct(f"={reader.vsize // 8}Q")
+    return {U32.unpack(k)[0]: sum(per_cpu.unpack(v)) for k, v in reader.read()}
 
 
 class TcpFlowsCollector(Collector):
@@ -450,12 +546,12 @@ class TcpFlowsCollector(Collector):
         self.opts = parse_options(options)
         self.tracefs = tracefs
         self._bpf: Any = None
-        self._features: Features | None = None
-        self._table: FlowTable | None = None
+        self._maps: dict[str, MapReader] = {}
+        self._reporter: Reporter | None = None
+        self._ringbuf = True
         self._config: Any = None
         self._events: list[bytes] = []
         self._lost_perf = 0
-        self._drops: dict[str, int] = {}
         self._last: float | None = None
 
     def start(self) -> None:
@@ -467,22 +563,27 @@ class TcpFlowsCollector(Collector):
         if self.opts.cgroup:
             mountinfo = (self.ctx.proc_root / "self" / "mountinfo").read_text()
             cg = cgroup_target(self.opts.cgroup, mountinfo)
-        b = bpf.load("tcp_flows.c", tracepoints=REQUIRED_TRACEPOINTS, cflags=feats.cflags)
-        for table, layout in ((b"flows", FLOW_LAYOUT), (b"closed", FLOW_LAYOUT)):
-            if ctypes.sizeof(b[table].Leaf) != layout.size:
-                b.cleanup()
-                raise CollectorUnavailable(f"bpf/tcp_flows.c struct flow is "
-                                           f"{ctypes.sizeof(b[table].Leaf)} bytes, the decoder "
-                                           f"expects {layout.size}: they must change together")
-        self._fill_filters(b, cg)
-        if feats.ringbuf:
-            b[b"events"].open_ring_buffer(self._on_event)
-        else:
-            b[b"events"].open_perf_buffer(self._on_perf_event, page_cnt=8,
-                                         lost_cb=self._on_perf_lost)
-        self._bpf, self._features = b, feats
-        self._table = FlowTable(self.opts.max_report_flows, self.opts.owner_filter,
-                                _netns_reader(self.ctx.proc_root), feats.drop_reasons)
+        cflags = feats.cflags + (("-DC4_CGROUP_FILTER",) if self.opts.cgroup else ())
+        b = bpf.load("tcp_flows.c", tracepoints=REQUIRED_TRACEPOINTS, cflags=cflags)
+        try:
+            for table in (b"flows", b"closed"):
+                if ctypes.sizeof(b[table].Leaf) != FLOW_LAYOUT.size:
+                    raise CollectorUnavailable(
+                        f"bpf/tcp_flows.c struct flow is {ctypes.sizeof(b[table].Leaf)} bytes, "
+                        f"the decoder expects {FLOW_LAYOUT.size}: they must change together")
+            self._fill_filters(b, cg)
+            if feats.ringbuf:
+                b[b"events"].open_ring_buffer(self._on_event)
+            else:
+                b[b"events"].open_perf_buffer(self._on_perf_event, page_cnt=8,
+                                             lost_cb=self._on_perf_lost)
+            self._maps = {name: MapReader(b[name.encode()])
+                          for name in ("flows", "closed", "stats", "drops_by_reason")}
+        except BaseException:
+            b.cleanup()  # detach the programs: nothing half-started keeps running
+            raise
+        self._bpf, self._ringbuf = b, feats.ringbuf
+        self._reporter = Reporter(self.opts, feats, _netns_reader(self.ctx.proc_root))
         self._last = self.ctx.clock()
         self.ctx.log.info("tcp_flows: tracing with %s", ", ".join(feats.names))
 
@@ -511,54 +612,45 @@ class TcpFlowsCollector(Collector):
         self._lost_perf += lost
 
     def collect(self, now: float) -> Sample:
-        b, feats, table = self._bpf, self._features, self._table
-        if b is None or feats is None or table is None:
+        if self._bpf is None or self._reporter is None:
             raise RuntimeError("tcp_flows: collect() before start()")
         interval = max(now - (self._last or now), 0.0)
         self._last = now
-        if feats.ringbuf:
+        return self._reporter.report(self.snapshot(), interval)
+
+    def snapshot(self) -> Snapshot:
+        """Read the maps and drain the event buffer (also used to capture test fixtures)."""
+        b = self._bpf
+        if self._ringbuf:
             b.ring_buffer_consume()
         else:
             b.perf_buffer_poll(timeout=0)
         # a retransmit burst counts within one interval: start the next one
         self._config.epoch = (self._config.epoch + 1) & 0xFFFFFFFF
         b[b"config"][ctypes.c_int(0)] = self._config
-
-        live = {_int_key(k): FlowEntry.decode(bytes(v)) for k, v in _read_table(b[b"flows"])}
-        closed = []
-        for k, v in _read_table(b[b"closed"], delete=True):
-            sk, first_ns = CLOSED_KEY.unpack(bytes(k))
-            closed.append(((sk, first_ns), FlowEntry.decode(bytes(v))))
-        res = table.update(live, closed, now, interval)
-
-        stats = _percpu_sums(b[b"stats"])
-        drops = drop_counts(_percpu_sums(b[b"drops_by_reason"]), feats.drop_reasons)
-        section: dict[str, Any] = {
-            "flows": res.flows, "omitted": res.omitted, "tracked": res.tracked,
-            "map_full": stats.get(STATS.index("map_full"), 0),
-            "drops": drops,
-            "drops_delta": {k: v - self._drops.get(k, 0) for k, v in drops.items()
-                            if v != self._drops.get(k, 0)},
-            "closed_lost": stats.get(STATS.index("closed_full"), 0),
-            "events_lost": stats.get(STATS.index("events_lost"), 0) + self._lost_perf,
-            "features": list(feats.names),
-        }
-        self._drops = drops
-        if self.opts.owner_filter:
-            section["unattributed"] = res.unattributed
-        events = [e for e in (decode_event(raw, feats.rst_reasons) for raw in self._events) if e]
-        self._events.clear()
-        if len(events) > self.opts.max_events:
-            section["events_suppressed"] = len(events) - self.opts.max_events
-            events = events[:self.opts.max_events]
-        return Sample(section, events)
+        maps = self._maps
+        snap = Snapshot(
+            live={FLOW_KEY.unpack(k)[0]: v for k, v in maps["flows"].read()},
+            closed=maps["closed"].read(delete=True),
+            stats=percpu_sums(maps["stats"]),
+            drop_slots=percpu_sums(maps["drops_by_reason"]),
+            events=self._events, perf_lost=self._lost_perf)
+        self._events = []
+        return snap
 
     def stats(self) -> dict[str, int]:
         """The program's own counters (tracepoint hits, map full), for bench/."""
         if self._bpf is None:
             return {}
-        sums = _percpu_sums(self._bpf[b"stats"])
+        sums = percpu_sums(self._maps["stats"])
         return {name: sums.get(i, 0) for i, name in enumerate(STATS)}
+
+    def programs(self) -> dict[str, int]:
+        """Loaded program name -> fd, for bench/ (fdinfo shows run_time_ns and run_cnt while
+        kernel.bpf_stats_enabled=1)."""
+        if self._bpf is None:
+            return {}
+        return {name.decode(): fn.fd for name, fn in self._bpf.funcs.items()}
 
     def close(self) -> None:
         if self._bpf is not None:

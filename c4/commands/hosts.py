@@ -57,7 +57,8 @@ def hosts_table(hosts: list[dict[str, Any]]) -> Table:
     t = Table(title=f"{len(hosts)} host(s)")
     for col in ("host", "status", "last seen", "reports", "ports up", "CNP sent/s",
                 "ECN marked/s", "OOS/s", "collectors"):
-        t.add_column(col, justify="right" if col not in ("host", "status", "collectors") else "left")
+        t.add_column(col, no_wrap=col == "host",
+                     justify="right" if col not in ("host", "status", "collectors") else "left")
     for h in hosts:
         r = h.get("rates", {})
         down = h.get("collectors_down", [])

@@ -28,6 +28,7 @@ def env() -> dict[str, str]:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
     e.pop("C4_AGGREGATOR", None)
+    e["COLUMNS"] = "200"  # rich wraps tables to the terminal width; keep rows on one line
     return e
 
 
@@ -119,9 +120,10 @@ class Cluster:
         with urllib.request.urlopen(self.url + path, timeout=5) as r:
             return json.loads(r.read())
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(c4_cmd(*args, "--aggregator", self.url), capture_output=True,
-                              text=True, env=env(), cwd=REPO, timeout=60)
+    def cli(self, *args: str, api: bool = True) -> subprocess.CompletedProcess:
+        extra = ("--aggregator", self.url) if api else ()
+        return subprocess.run(c4_cmd(*args, *extra), capture_output=True, text=True, env=env(),
+                              cwd=REPO, timeout=120)
 
     def close(self) -> None:
         for p in self.procs:

@@ -192,7 +192,7 @@ def test_replay_reproduces_host_state(cluster: Cluster, sysfs: Path, tmp_path: P
     live = cluster.api(f"/api/v1/hosts/{HOST}")
     cluster.aggregator.stop()
 
-    outs = [cluster.cli("replay", str(rec), "--json") for _ in range(2)]
+    outs = [cluster.cli("replay", str(rec), "--json", api=False) for _ in range(2)]
     for o in outs:
         assert o.returncode == 0, o.stderr
     assert outs[0].stdout == outs[1].stdout  # deterministic
@@ -203,5 +203,5 @@ def test_replay_reproduces_host_state(cluster: Cluster, sysfs: Path, tmp_path: P
     assert {k: v for k, v in host.items() if k not in volatile} == live_summary
     assert result["stats"]["accepted"]["report"] == live["reports"]
 
-    human = cluster.cli("replay", str(rec))
+    human = cluster.cli("replay", str(rec), api=False)
     assert human.returncode == 0 and HOST in human.stdout

@@ -1,0 +1,317 @@
+"""tcp_flows on the real kernel: two network namespaces joined by a veth pair, 2% loss from
+nftables on the receiver, a TCP transfer of a known size; the collector (root netns:
+tracepoints are global) must report that flow with the kernel's own retransmit count."""
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from agent.collectors.base import Context, Sample
+from agent.collectors.tcp_flows import TcpFlowsCollector
+from c4.wire.kinds import validate_body
+
+RECEIVER = r"""
+import socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("0.0.0.0", port))
+ls.listen(8)
+print("ready", flush=True)
+c, _ = ls.accept()
+got = 0
+while got < n:
+    d = c.recv(1 << 20)
+    if not d:
+        break
+    got += len(d)
+c.sendall(b"ok")          # acks all data while the sender is still ESTABLISHED
+got += len(c.recv(1))     # the sender's last byte: its ack reaches the sender's tcp_probe
+c.close()
+print(got, flush=True)
+time.sleep(1)  # outlive a collect: the collector reads the owner's netns from /proc
+"""
+
+SENDER = r"""
+import socket, sys, time
+addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket()
+# cubic, not bbr (bbr hides loss); per socket: a non-init netns may not pick a restricted
+# default congestion control
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"cubic")
+s.connect((addr, port))
+buf = b"x" * (1 << 20)
+left = n
+while left:
+    left -= s.send(buf[:min(left, len(buf))])
+assert s.recv(2) == b"ok"
+s.sendall(b"b")
+assert s.recv(1) == b""   # receiver closed
+s.close()
+time.sleep(1)  # outlive a collect: the collector reads the owner's netns from /proc
+"""
+
+
+def sh(*args: str) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout
+
+
+@dataclass
+class Pair:
+    a: str  # sender namespace
+    b: str  # receiver namespace
+    addr_a: str
+    addr_b: str
+
+    def popen(self, ns: str, code: str, *argv: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code, *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def retrans_segs(self) -> int:
+        lines = [ln.split() for ln in sh("ip", "netns", "exec", self.a, "cat",
+                                         "/proc/net/snmp").splitlines() if ln.startswith("Tcp:")]
+        return int(lines[1][lines[0].index("RetransSegs")])
+
+    def netns_inode(self, ns: str) -> int:
+        return os.stat(f"/run/netns/{ns}").st_ino
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    tag = secrets.token_hex(3)
+    a, b = f"c4tf-{tag}-a", f"c4tf-{tag}-b"
+    net = f"10.{random.randint(100, 250)}.{random.randint(0, 255)}"
+    p = Pair(a, b, f"{net}.1", f"{net}.2")
+    try:
+        for ns in (a, b):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", b)
+        for ns, dev, addr in ((a, "va", p.addr_a), (b, "vb", p.addr_b)):
+            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            # per-packet loss needs per-packet segments on the wire; TCP segments in software
+            # even with gso off, and gso_max_segs 1 makes every skb one segment, so that a
+            # retransmitted skb (what the tracepoint sees) is one segment (what the MIB counts)
+            sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off",
+               "gro", "off")
+            sh("ip", "-n", ns, "link", "set", dev, "gso_max_segs", "1")
+        yield p
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def drop_ingress(p: Pair, port: int, percent: int) -> None:
+    rules = (f"table inet c4tf {{\n chain in {{\n  type filter hook input priority 0;\n"
+             f"  tcp dport {port} numgen random mod 100 < {percent} counter drop\n }}\n}}\n")
+    subprocess.run(["ip", "netns", "exec", p.b, "nft", "-f", "-"], input=rules, text=True,
+                   check=True)
+
+
+def nft_dropped(p: Pair) -> int:
+    out = sh("ip", "netns", "exec", p.b, "nft", "list", "table", "inet", "c4tf")
+    return int(out.split("counter packets ")[1].split()[0])
+
+
+def free_port() -> int:
+    return random.randint(20000, 30000)
+
+
+@pytest.fixture
+def collector_factory() -> Iterator[Any]:
+    made: list[TcpFlowsCollector] = []
+
+    def make(**options: Any) -> TcpFlowsCollector:
+        c = TcpFlowsCollector(Context(host="test"), options)
+        c.start()
+        made.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.close()
+
+
+def run_transfer(p: Pair, c: TcpFlowsCollector, port: int, n: int,
+                 timeout: float = 25.0) -> tuple[list[Sample], int, int]:
+    """Receiver in b, sender in a; collect every 0.5 s until both exit and two more
+    intervals passed. Returns samples, sender pid, receiver pid."""
+    rx = p.popen(p.b, RECEIVER, str(port), str(n))
+    procs = [rx]
+    try:
+        assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        tx = p.popen(p.a, SENDER, p.addr_b, str(port), str(n))
+        procs.append(tx)
+        samples = []
+        deadline = time.monotonic() + timeout
+        while any(pr.poll() is None for pr in procs):
+            assert time.monotonic() < deadline, "transfer did not finish"
+            time.sleep(0.5)
+            samples.append(c.collect(time.time()))
+        for _ in range(2):
+            time.sleep(0.2)
+            samples.append(c.collect(time.time()))
+        assert tx.returncode == 0, tx.stderr.read() if tx.stderr else ""
+        assert rx.returncode == 0 and rx.stdout.read().strip() == str(n + 1)
+        return samples, tx.pid, rx.pid
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+            pr.wait()
+
+
+def rows(samples: list[Sample], **match: Any) -> list[tuple[int, dict[str, Any]]]:
+    """(sample index, flow row) of every report of flows matching all `match` fields."""
+    return [(i, f) for i, s in enumerate(samples) for f in s.section["flows"]
+            if all(f[k] == v for k, v in match.items())]
+
+
+def test_lossy_transfer_matches_kernel_counters(pair: Pair, collector_factory: Any) -> None:
+    port, n = free_port(), 24 * 2**20
+    drop_ingress(pair, port, 2)
+    c = collector_factory(ports=[port], retrans_burst=5)
+    before = pair.retrans_segs()
+    samples, tx_pid, rx_pid = run_transfer(pair, c, port, n)
+    kernel_retrans = pair.retrans_segs() - before
+
+
+    for s in samples:
+        validate_body("report", {"interval": 0.5, "health": {}, "tcp_flows": s.section})
+        for e in s.events:
+            validate_body("event", e.body())
+    sender = rows(samples, saddr=pair.addr_a, daddr=pair.addr_b, dport=port)
+    receiver = rows(samples, saddr=pair.addr_b, daddr=pair.addr_a, sport=port)
+    assert sender and receiver
+
+    # reported once closed, then forgotten
+    for flow_rows in (sender, receiver):
+        closed_at = [i for i, f in flow_rows if f["closed"]]
+        assert len(closed_at) == 1
+        assert max(i for i, _ in flow_rows) == closed_at[0]
+        assert closed_at[0] < len(samples) - 1  # a later interval exists without it
+    last_tx, last_rx = sender[-1][1], receiver[-1][1]
+    assert last_tx["state"] == last_rx["state"] == "CLOSE"
+
+    # retransmits: the kernel's TcpRetransSegs of the sender namespace, within 5%
+    assert kernel_retrans > 20, "2% loss must cause retransmits"
+    assert abs(last_tx["retrans_segs"] - kernel_retrans) <= 0.05 * kernel_retrans
+    assert sum(f["retrans_segs_delta"] for _, f in sender) == last_tx["retrans_segs"]
+    # bytes: everything the sender wrote (+1 byte it may see acked with the FIN)
+    assert n <= last_tx["bytes_acked"] <= n + 1
+    assert sum(f["bytes_acked_delta"] for _, f in sender) == last_tx["bytes_acked"]
+    assert last_tx["srtt_us"] > 0 and last_tx["cwnd"] > 0
+    # the owner: connect() ran in the sender's process, in namespace a
+    assert last_tx["pid"] == tx_pid and last_tx["netns"] == pair.netns_inode(pair.a)
+    if "sock_length" in samples[-1].section["features"]:
+        assert last_rx["bytes_received"] == n + 1  # exactly what the application read
+        assert last_rx["pid"] == rx_pid and last_rx["netns"] == pair.netns_inode(pair.b)
+
+    # nftables drops show up under their kernel reason
+    dropped = sum(s.section["drops_delta"].get("NETFILTER_DROP", 0) for s in samples)
+    assert dropped >= nft_dropped(pair) > 0
+    # the loss makes bursts of >= 5 retransmits within an interval
+    bursts = [e for s in samples for e in s.events if e.type == "tcp_retrans_burst"
+              and e.attrs["sport"] == last_tx["sport"] and e.attrs["dport"] == port]
+    assert bursts and all(e.attrs["retrans"] == 5 for e in bursts)
+
+
+def test_ports_filter_excludes_other_flow(pair: Pair, collector_factory: Any) -> None:
+    watched, other = free_port(), free_port() + 10000
+    c = collector_factory(ports=[watched])
+    n = 2 * 2**20
+    samples, _, _ = run_transfer(pair, c, other, n)
+    samples += run_transfer(pair, c, watched, n)[0]
+    assert rows(samples, dport=watched) and rows(samples, sport=watched)
+    seen_ports = {f[k] for s in samples for f in s.section["flows"] for k in ("sport", "dport")}
+    assert other not in seen_ports
+
+
+def test_reset_events_for_refused_connection(pair: Pair, collector_factory: Any) -> None:
+    port = free_port()
+    c = collector_factory(ports=[port])
+    code = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], "
+            "int(sys.argv[2])), timeout=5)\nexcept ConnectionRefusedError:\n    sys.exit(0)\n"
+            "sys.exit(1)")
+    client = pair.popen(pair.a, code, pair.addr_b, str(port))
+    assert client.wait(timeout=10) == 0
+    time.sleep(0.1)
+    sample = c.collect(time.time())
+    resets = {e.attrs["direction"]: e for e in sample.events if e.type == "tcp_reset"}
+    assert set(resets) == {"sent", "received"}
+    sent, received = resets["sent"], resets["received"]
+    # the receiver namespace answered the SYN: no socket there
+    assert (sent.attrs["saddr"], sent.attrs["sport"]) == (pair.addr_b, port)
+    assert (received.attrs["daddr"], received.attrs["dport"]) == (pair.addr_b, port)
+    assert received.attrs["sport"] == sent.attrs["dport"] != 0
+    assert received.attrs["pid"] == client.pid and received.attrs["state"] == "SYN_SENT"
+    if "reason" in sent.attrs:
+        assert sent.attrs["reason"] == "NO_SOCKET"
+    # the refused connection is a flow that closed
+    flows = rows([sample], dport=port, closed=True)
+    assert len(flows) == 1 and flows[0][1]["state"] == "CLOSE"
+
+
+def cgroup2_mount() -> Path | None:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        if post.split()[:1] == ["cgroup2"]:
+            return Path(pre.split()[4])
+    return None
+
+
+@pytest.fixture
+def job_cgroup() -> Iterator[Path]:
+    mount = cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup v2 mount")
+    path = mount / f"c4tf-{secrets.token_hex(3)}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        for _ in range(50):  # the members must have exited
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_cgroup_filter_keeps_only_the_jobs_flows(pair: Pair, collector_factory: Any,
+                                                 job_cgroup: Path) -> None:
+    c = collector_factory(cgroup=str(job_cgroup))
+    port, n = free_port(), 2 * 2**20
+    rx = pair.popen(pair.b, RECEIVER, str(port), str(n))  # outside the job
+    # the sender joins the job's cgroup before it execs (and connects)
+    tx = subprocess.Popen(["sh", "-c", f'echo $$ > {job_cgroup}/cgroup.procs && exec ip netns '
+                           f'exec {pair.a} "$0" -c "$1" "$2" "$3" "$4"', sys.executable,
+                           SENDER, pair.addr_b, str(port), str(n)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        assert tx.wait(timeout=25) == 0, tx.stderr.read() if tx.stderr else ""
+        assert rx.wait(timeout=10) == 0
+        sample = c.collect(time.time())
+    finally:
+        for pr in (rx, tx):
+            if pr.poll() is None:
+                pr.kill()
+            pr.wait()
+    validate_body("report", {"interval": 1.0, "health": {}, "tcp_flows": sample.section})
+    ours = [f for f in sample.section["flows"] if port in (f["sport"], f["dport"])]
+    # the sender's flow only: the receiver's owner is outside the cgroup
+    assert [(f["saddr"], f["dport"], f["pid"]) for f in ours] == [(pair.addr_a, port, tx.pid)]
+    assert ours[0]["bytes_acked"] >= n
