@@ -30,16 +30,22 @@ trap cleanup EXIT
 "${C4[@]}" aggregator run --config "$run/aggregator.toml" 2>"$run/aggregator.log" & pids+=($!)
 "${C4[@]}" agent run --config "$run/agent.toml" --record "$run/agent.c4rec" 2>"$run/agent.log" & pids+=($!)
 echo "[demo] aggregator on tcp://127.0.0.1:$ZPORT (API http://127.0.0.1:$HPORT), agent gpu-demo-01"
-# Traffic on port 1: congestion notifications and data counters move between samples.
-for i in 1 2 3 4; do
-  sleep 1
-  for f in hw_counters/np_cnp_sent hw_counters/np_ecn_marked_roce_packets counters/port_xmit_data; do
-    p=$(ls -d "$run"/sys/class/infiniband/*/ports/1/$f | head -n1)
-    echo $(( $(cat "$p") + 1000 * i )) > "$p"
+# Traffic on port 1: data, ECN marks and congestion notifications move between samples.
+bump() {
+  local i=0
+  while true; do
+    i=$((i + 1))
+    for f in hw_counters/np_cnp_sent hw_counters/np_ecn_marked_roce_packets counters/port_xmit_data; do
+      p=$(ls -d "$run"/sys/class/infiniband/*/ports/1/$f | head -n1)
+      echo $(( $(cat "$p") + 1000 * (i % 7 + 1) )) > "$p"
+    done
+    sleep 0.3
   done
-done
-sleep 1.5
+}
+bump & pids+=($!)
+sleep 4
 export C4_AGGREGATOR="http://127.0.0.1:$HPORT"
+[ -t 1 ] || export COLUMNS="${COLUMNS:-140}"  # tables for a log, not an 80-column guess
 echo "[demo] \$ c4 hosts"
 "${C4[@]}" hosts
 echo "[demo] \$ c4 host gpu-demo-01"

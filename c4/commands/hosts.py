@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("host", help="show one host", description="Show one host: inventory, "
                        "collector health, RDMA port counters with rates, recent events.")
     p.add_argument("name", help="host name as the agent reports it")
+    p.add_argument("--counters", action="store_true",
+                   help="also list every RDMA counter of every port with its delta and rate")
     add_aggregator_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_host)
@@ -45,18 +47,24 @@ def _host(args: argparse.Namespace) -> int:
     if args.json:
         print_json(data)
     else:
-        print_host(data, Console())
+        print_host(data, Console(), show_counters=args.counters)
     return 0
 
 
 def _rate(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.1f}"
+    """Compact SI rendering for narrow terminals: 12000.0 -> 12.0k."""
+    if v is None:
+        return "-"
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.1f}{unit}"
+    return f"{v:.1f}"
 
 
 def hosts_table(hosts: list[dict[str, Any]]) -> Table:
     t = Table(title=f"{len(hosts)} host(s)")
-    for col in ("host", "status", "last seen", "reports", "ports up", "CNP sent/s",
-                "ECN marked/s", "OOS/s", "collectors"):
+    for col in ("host", "status", "seen", "reports", "ports up", "CNP/s", "ECN/s", "OOS/s",
+                "collectors"):
         t.add_column(col, no_wrap=col == "host",
                      justify="right" if col not in ("host", "status", "collectors") else "left")
     for h in hosts:
@@ -64,13 +72,13 @@ def hosts_table(hosts: list[dict[str, Any]]) -> Table:
         down = h.get("collectors_down", [])
         coll = f"{len(h.get('collectors_ok', []))} ok" + (f", off: {', '.join(down)}" if down else "")
         t.add_row(h["name"], "[red]silent[/]" if h["status"] == "silent" else "[green]up[/]",
-                  f"{h['last_seen_age_s']:.1f}s ago", str(h["reports"]),
+                  f"{h['last_seen_age_s']:.1f}s", str(h["reports"]),
                   f"{h['ports_active']}/{h['ports']}", _rate(r.get("np_cnp_sent")),
                   _rate(r.get("np_ecn_marked_roce_packets")), _rate(r.get("out_of_sequence")), coll)
     return t
 
 
-def print_host(h: dict[str, Any], console: Console) -> None:
+def print_host(h: dict[str, Any], console: Console, show_counters: bool = False) -> None:
     console.print(f"[bold]{h['name']}[/]  status={h['status']}  agent={h.get('agent_version')}  "
                   f"last seen {h['last_seen_age_s']:.1f}s ago  reports={h['reports']}  "
                   f"seq={h['seq']['contiguous']} lost={h['seq']['lost']}")
@@ -86,19 +94,9 @@ def print_host(h: dict[str, Any], console: Console) -> None:
     report = h.get("report") or {}
     ports = (report.get("rdma") or {}).get("ports", [])
     if ports:
-        t = Table(title="RDMA ports (value, rate/s)")
-        for col in ("port", "state", "netdev", "rate", "counter", "value", "delta", "rate/s"):
-            t.add_column(col)
-        for p in ports:
-            first = True
-            for name in sorted(p.get("counters", {})):
-                head = (f"{p['dev']}/{p['port']}", p.get("state", ""), p.get("netdev") or "",
-                        f"{p.get('rate_gbps', 0):g} Gb/s") if first else ("", "", "", "")
-                t.add_row(*head, name, f"{p['counters'][name]:,}",
-                          str(p.get("deltas", {}).get(name, "")),
-                          _rate(p.get("rates", {}).get(name)) if name in p.get("rates", {}) else "")
-                first = False
-        console.print(t)
+        console.print(ports_table(ports))
+        if show_counters:
+            console.print(counters_table(ports))
     host = report.get("host")
     if host:
         console.print(f"host: cpu {host['cpu_pct']:.1f}%  load1 {host['load1']:.2f}  mem "
@@ -118,3 +116,36 @@ def print_host(h: dict[str, Any], console: Console) -> None:
             t.add_row(f"{e['ts']:.3f}", e["type"], e["severity"], e.get("device") or "",
                       (e.get("msg") or "")[:80])
         console.print(t)
+
+
+# Per port, the counters an operator looks at first: traffic, congestion, errors.
+KEY_RATES = (("port_xmit_bytes", "tx B/s"), ("port_rcv_bytes", "rx B/s"),
+             ("np_ecn_marked_roce_packets", "ECN/s"), ("np_cnp_sent", "CNP tx/s"),
+             ("rp_cnp_handled", "CNP rx/s"), ("out_of_sequence", "OOS/s"),
+             ("local_ack_timeout_err", "timeout/s"))
+
+
+def ports_table(ports: list[dict[str, Any]]) -> Table:
+    t = Table(title="RDMA ports (rates per second over the last interval)")
+    for col in ("port", "state", "netdev", "speed", *(label for _, label in KEY_RATES),
+                "flaps"):
+        t.add_column(col, no_wrap=col == "port")
+    for p in ports:
+        rates = p.get("rates", {})
+        t.add_row(f"{p['dev']}/{p['port']}", p.get("state", ""), p.get("netdev") or "",
+                  f"{p.get('rate_gbps', 0):g}G",
+                  *(_rate(rates.get(k)) for k, _ in KEY_RATES),
+                  str(p.get("counters", {}).get("link_downed", "-")))
+    return t
+
+
+def counters_table(ports: list[dict[str, Any]]) -> Table:
+    t = Table(title="RDMA counters")
+    for col in ("port", "counter", "value", "delta", "rate/s"):
+        t.add_column(col, no_wrap=True)
+    for p in ports:
+        for name in sorted(p.get("counters", {})):
+            rate = p.get("rates", {}).get(name)
+            t.add_row(f"{p['dev']}/{p['port']}", name, f"{p['counters'][name]:,}",
+                      str(p.get("deltas", {}).get(name, "")), "" if rate is None else _rate(rate))
+    return t

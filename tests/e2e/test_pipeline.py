@@ -87,7 +87,9 @@ def test_host_appears_with_counters_and_rates(cluster: Cluster, sysfs: Path) -> 
 
     # The human views render too.
     assert HOST in cluster.cli("hosts").stdout
-    assert "np_cnp_sent" in cluster.cli("host", HOST).stdout
+    human = cluster.cli("host", HOST).stdout
+    assert "mlx5_0/1" in human and "CNP tx/s" in human
+    assert "np_cnp_sent" in cluster.cli("host", HOST, "--counters").stdout
     out = cluster.cli("host", "no-such-host")
     assert out.returncode != 0 and "no host named" in out.stderr
 
