@@ -1,0 +1,359 @@
+"""`nccl` collector: receives the NCCL profiler plugin's datagrams (plugin/, docs/plugin.md)
+on a Unix datagram socket and reports one summary per (process, communicator, rank) and a
+`nccl_stall` event per stall message.
+
+The kernel queues at most net.unix.max_dgram_qlen (default 10) datagrams on a Unix socket,
+whatever SO_RCVBUF says, so a reader thread drains the socket as datagrams arrive into a
+buffer bounded by `buffer_bytes`; collect() decodes what it holds.
+
+Summaries carry per-interval deltas: those received within one agent interval are added up,
+the cumulative fields (sequence numbers, in-flight op) come from the newest. A communicator
+whose summaries stop (process gone) is dropped after `stale_intervals` of the plugin's
+interval. The sender's pid comes from the kernel (SO_PASSCRED), so it is the pid in the
+agent's namespace even for a containerised job, and the job id is read from that process.
+"""
+from __future__ import annotations
+
+import grp
+import os
+import select
+import socket
+import stat
+import struct
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..jobs import DEFAULT_KEYS, JobResolver
+from ..plugin_proto import Malformed, Message, Stalled, Summary, decode
+from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
+from .options import check_keys, get_int, get_str_list
+
+DEFAULT_RCVBUF = 4 << 20
+DEFAULT_BUFFER = 32 << 20
+MAX_COMMS = 1024  # the report's limit; more live communicators on one host are dropped
+MAX_PEERS = 8192
+MAX_COLLS = 64
+MAX_WAITING = 4096
+MAX_PENDING = 1024  # multi-part messages waiting for their other parts
+LOGGED_REJECTS = 10
+UCRED = struct.Struct("iII")
+NS = 1e-9
+
+
+@dataclass
+class _Comm:
+    """What one (pid, comm, rank) sent since the last report."""
+
+    pid: int
+    latest: Summary
+    last_rx: float
+    colls: dict[tuple[str, str, str], list[int]] = field(default_factory=dict)
+    peers: dict[tuple[int, int, str], list[int]] = field(default_factory=dict)
+    entry_wait_ns: int = 0
+    entry_ops: int = 0
+
+
+@dataclass
+class _Pending:
+    first_rx: float
+    nparts: int
+    interval_s: float
+    parts: dict[int, Message] = field(default_factory=dict)
+
+
+class NcclCollector(Collector):
+    name = "nccl"
+    OPTIONS = ("socket", "socket_group", "rcvbuf", "buffer_bytes", "stale_intervals", "job_env")
+
+    def __init__(self, ctx: Context, options: Mapping[str, Any]) -> None:
+        super().__init__(ctx, options)
+        check_keys(self.name, options, self.OPTIONS)
+        self.path = Path(self._str_option("socket") or ctx.run_dir / "plugin.sock")
+        group = self._str_option("socket_group")
+        try:
+            self.gid = grp.getgrnam(group).gr_gid if group else None
+        except KeyError:
+            raise OptionError(f"collectors.nccl.socket_group: no group named {group!r}") from None
+        self.rcvbuf = get_int(self.name, options, "rcvbuf", DEFAULT_RCVBUF, 1 << 16, 1 << 30)
+        self.stale_intervals = get_int(self.name, options, "stale_intervals", 5, 1, 3600)
+        self.buffer_bytes = get_int(self.name, options, "buffer_bytes", DEFAULT_BUFFER, 1 << 20,
+                                    1 << 30)
+        keys = get_str_list(self.name, options, "job_env")
+        self.jobs = JobResolver(ctx.proc_root, DEFAULT_KEYS if keys is None else keys)
+        self.malformed: Counter[str] = Counter()
+        self.dropped = 0
+        self._sock: socket.socket | None = None
+        self._inode: int | None = None
+        self._reader: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # guards the three below, shared with the reader
+        self._buffer: list[tuple[bytes, int, int]] = []  # (datagram, recvmsg flags, pid)
+        self._buffered = 0
+        self._overflow = 0
+        self._comms: dict[tuple[int, str, int], _Comm] = {}
+        self._pending: dict[tuple[int, str, int, int], tuple[int, _Pending]] = {}
+        self._events: list[Event] = []
+        self._drops_seen: dict[int, int] = {}
+
+    def _str_option(self, key: str) -> str | None:
+        value = self.options.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise OptionError(f"collectors.nccl.{key}: expected a non-empty string, "
+                              f"got {value!r}")
+        return value
+
+    # ---- socket ----
+
+    def start(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CollectorUnavailable(f"cannot create {self.path.parent}: {exc.strerror}") \
+                from None
+        self._remove_stale()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            sock.bind(str(self.path))
+            os.chmod(self.path, 0o660)  # training users send through their group
+            if self.gid is not None:
+                os.chown(self.path, -1, self.gid)
+            sock.setblocking(False)
+            self._inode = os.stat(self.path).st_ino
+        except OSError as exc:
+            sock.close()
+            raise CollectorUnavailable(f"cannot listen on {self.path}: {exc.strerror}") from None
+        self._sock = sock
+        self._stop.clear()
+        self._reader = threading.Thread(target=self._read, args=(sock,), name="c4-nccl-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def _remove_stale(self) -> None:
+        """A socket file left by a dead agent is removed; one still bound is someone's."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise CollectorUnavailable(f"{self.path} exists and is not a socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect(str(self.path))
+            except ConnectionRefusedError:
+                os.unlink(self.path)
+                return
+            except OSError as exc:
+                raise CollectorUnavailable(f"cannot check {self.path}: {exc.strerror}") from None
+        raise CollectorUnavailable(f"{self.path} is in use by another process")
+
+    def close(self) -> None:
+        if self._sock is None:
+            return
+        self._stop.set()
+        if self._reader is not None:
+            self._reader.join()
+        self._sock.close()
+        self._sock = None
+        try:
+            if os.stat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    # ---- receiving ----
+
+    def collect(self, now: float) -> Sample:
+        if self._sock is None:
+            raise RuntimeError("nccl collector used before start()")
+        with self._lock:
+            batch, self._buffer, self._buffered = self._buffer, [], 0
+            self.dropped += self._overflow
+            self._overflow = 0
+        for data, flags, pid in batch:
+            self._datagram(data, flags, pid, now)
+        self._expire(now)
+        comms = []
+        for key in sorted(self._comms):
+            c = self._comms[key]
+            if len(comms) < MAX_COMMS:
+                comms.append(self._report(c))
+            else:
+                self.dropped += 1
+            c.colls.clear()
+            c.peers.clear()
+            c.entry_wait_ns = c.entry_ops = 0
+            if c.latest.header.final:
+                del self._comms[key]
+        events, self._events = self._events, []
+        section = {"comms": comms, "malformed": sum(self.malformed.values()),
+                   "dropped": self.dropped}
+        return Sample(section, events)
+
+    def _read(self, sock: socket.socket) -> None:
+        """Reader thread: moves datagrams from the socket to the bounded buffer."""
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        cmsg_space = socket.CMSG_SPACE(UCRED.size)
+        while not self._stop.is_set():
+            if not poller.poll(100):
+                continue
+            while not self._stop.is_set():
+                try:
+                    data, ancdata, flags, _ = sock.recvmsg(1 << 16, cmsg_space)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    self.ctx.log.error("nccl: reading %s failed: %s", self.path, exc)
+                    return
+                pid = 0
+                for level, kind, payload in ancdata:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                        pid = UCRED.unpack_from(payload)[0]
+                with self._lock:
+                    if self._buffered + len(data) > self.buffer_bytes:
+                        self._overflow += 1
+                    else:
+                        self._buffer.append((data, flags, pid))
+                        self._buffered += len(data)
+
+    def backlog(self) -> int:
+        """Datagrams received and not yet processed by collect()."""
+        with self._lock:
+            return len(self._buffer)
+
+    def _datagram(self, data: bytes, flags: int, pid: int, now: float) -> None:
+        try:
+            if flags & socket.MSG_TRUNC:
+                raise Malformed("too_large", "datagram truncated at 64 KiB")
+            msg = decode(data)
+        except Malformed as exc:
+            self.malformed[exc.reason] += 1
+            if sum(self.malformed.values()) <= LOGGED_REJECTS:
+                self.ctx.log.warning("nccl: rejected a datagram from pid %d: %s", pid, exc)
+            return
+        self._part(pid or msg.header.pid, msg, now)
+
+    def _part(self, pid: int, msg: Message, now: float) -> None:
+        h = msg.header
+        self._note_drops(pid, h.dgram_drops)
+        if h.nparts == 1:
+            self._complete(pid, [msg], now)
+            return
+        key = (pid, h.comm, h.rank, h.type)
+        seq, pending = self._pending.get(key, (h.msg_seq, None))
+        if pending is not None and seq != h.msg_seq:  # a newer message: the old one is lost
+            self.dropped += len(pending.parts)
+            pending = None
+        if pending is None:
+            if len(self._pending) >= MAX_PENDING:
+                self.dropped += 1
+                return
+            pending = _Pending(now, h.nparts, h.interval_ms / 1000)
+        if h.nparts != pending.nparts or h.part in pending.parts:
+            self.malformed["field"] += 1
+            return
+        pending.parts[h.part] = msg
+        self._pending[key] = (h.msg_seq, pending)
+        if len(pending.parts) == pending.nparts:
+            del self._pending[key]
+            self._complete(pid, [pending.parts[i] for i in range(pending.nparts)], now)
+
+    def _note_drops(self, pid: int, drops: int) -> None:
+        if drops > self._drops_seen.get(pid, 0):
+            if pid not in self._drops_seen:
+                self.ctx.log.warning("nccl: the plugin in pid %d could not send %d datagrams "
+                                     "(agent absent or its socket buffer full)", pid, drops)
+            self._drops_seen[pid] = drops
+
+    def _complete(self, pid: int, parts: list[Message], now: float) -> None:
+        first = parts[0]
+        if isinstance(first, Stalled):
+            waiting = [w for p in parts if isinstance(p, Stalled) for w in p.waiting]
+            self._events.append(self._stall_event(pid, first, waiting))
+            return
+        assert isinstance(first, Summary)
+        key = (pid, first.header.comm, first.header.rank)
+        c = self._comms.get(key)
+        if c is None:
+            if len(self._comms) >= 4 * MAX_COMMS:
+                self.dropped += len(parts)
+                return
+            c = self._comms[key] = _Comm(pid, first, now)
+        c.latest, c.last_rx = first, now
+        c.entry_wait_ns += first.entry_wait_ns
+        c.entry_ops += first.entry_ops
+        for coll in first.colls:
+            k = (coll.func, coll.algo, coll.proto)
+            if k in c.colls or len(c.colls) < MAX_COLLS:
+                acc = c.colls.setdefault(k, [0, 0, 0])
+                acc[0] += coll.count
+                acc[1] += coll.bytes
+                acc[2] += coll.time_ns
+        for part in parts:
+            assert isinstance(part, Summary)
+            for p in part.peers:
+                k = (p.peer, p.channel, p.dir)
+                if k in c.peers or len(c.peers) < MAX_PEERS:
+                    acc = c.peers.setdefault(k, [0, 0, 0, 0, 0])
+                    for i, v in enumerate((p.bytes, p.steps, p.net_wait_ns, p.peer_wait_ns,
+                                           p.gpu_wait_ns)):
+                        acc[i] += v
+
+    def _expire(self, now: float) -> None:
+        for key, c in list(self._comms.items()):
+            if now - c.last_rx > self.stale_intervals * c.latest.header.interval_ms / 1000:
+                del self._comms[key]
+        live = {pid for pid, _, _ in self._comms}
+        self._drops_seen = {pid: n for pid, n in self._drops_seen.items() if pid in live}
+        for key, (_, pending) in list(self._pending.items()):
+            if now - pending.first_rx > self.stale_intervals * pending.interval_s:  # parts lost
+                del self._pending[key]
+                self.dropped += len(pending.parts)
+
+    # ---- report ----
+
+    def _report(self, c: _Comm) -> dict[str, Any]:
+        s, h = c.latest, c.latest.header
+        colls = []
+        for (func, algo, proto), (count, nbytes, time_ns) in sorted(c.colls.items()):
+            coll: dict[str, Any] = {"func": func, "count": min(count, 2**32 - 1),
+                                    "bytes": nbytes, "time_s": time_ns * NS}
+            if algo:
+                coll["algo"] = algo
+            if proto:
+                coll["proto"] = proto
+            colls.append(coll)
+        peers = [{"peer": peer, "channel": ch, "dir": d, "bytes": b, "steps": steps,
+                  "net_wait_s": net * NS, "peer_wait_s": pw * NS, "gpu_wait_s": gpu * NS}
+                 for (peer, ch, d), (b, steps, net, pw, gpu) in sorted(c.peers.items())]
+        inflight = None
+        if s.inflight is not None:
+            inflight = {"seq": s.inflight.seq, "func": s.inflight.func,
+                        "age_s": s.inflight.age_ns * NS,
+                        "progress_age_s": s.inflight.progress_age_ns * NS}
+        return {
+            "comm": h.comm, "rank": h.rank, "nranks": h.nranks,
+            "seq_started": s.seq_started, "seq_completed": s.seq_completed,
+            "colls": colls, "peers": peers, "pid": c.pid, "job": self.jobs.job_of(c.pid),
+            "inflight": inflight, "entry_wait_s": c.entry_wait_ns * NS,
+            "entry_ops": min(c.entry_ops, 2**32 - 1), "dropped_events": s.dropped_events,
+        }
+
+    def _stall_event(self, pid: int, s: Stalled, waiting: list) -> Event:
+        h = s.header
+        waits = [{"peer": w.peer, "channel": w.channel, "dir": w.dir, "state": w.state,
+                  "idle_s": w.idle_ns * NS} for w in waiting[:MAX_WAITING]]
+        on = ", ".join(f"rank {w.peer} ({w.dir} ch {w.channel}, {w.state})" for w in waiting[:4])
+        more = f" and {len(waiting) - 4} more" if len(waiting) > 4 else ""
+        msg = (f"rank {h.rank}/{h.nranks} of communicator {h.comm} (pid {pid}) made no progress "
+               f"for {s.age_ns * NS:.1f} s in {s.func} #{s.seq}; waiting on "
+               f"{on or 'no connection'}{more}")
+        attrs = {"comm": h.comm, "rank": h.rank, "nranks": h.nranks, "seq": s.seq,
+                 "func": s.func, "age_s": s.age_ns * NS, "waiting": waits, "pid": pid,
+                 "job": self.jobs.job_of(pid), "seq_completed": s.seq_completed}
+        return Event("nccl_stall", "error", attrs, msg=msg)

@@ -1,0 +1,105 @@
+"""The NCCL profiler plugin under its C harness (plain, AddressSanitizer+UBSan and, where it
+works, ThreadSanitizer builds), then the harness's workload through the real agent collector."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.collectors.base import Context
+from agent.collectors.nccl import NcclCollector
+from c4.wire.kinds import validate_body
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = REPO / "plugin"
+
+
+def make(*targets: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-C", str(PLUGIN), *targets], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _passed(proc: subprocess.CompletedProcess, runs: int) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert out.count("harness: all checks passed") == runs, out[-6000:]
+    assert "FAIL" not in out and "ERROR: AddressSanitizer" not in out, out[-6000:]
+
+
+def test_harness_plain_and_asan():
+    _passed(make("test", "test-asan"), 2)
+
+
+def _tsan_works(tmp_path: Path) -> str | None:
+    """None if a threaded TSan program runs here, else why not."""
+    src = tmp_path / "t.c"
+    src.write_text("#include <pthread.h>\nstatic void *f(void *a) { return a; }\n"
+                   "int main(void) { pthread_t t; pthread_create(&t, 0, f, 0);"
+                   " return pthread_join(t, 0); }\n")
+    for cmd in (["cc", "-fsanitize=thread", "-pthread", str(src), "-o", str(tmp_path / "t")],
+                [str(tmp_path / "t")]):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            return f"{' '.join(cmd)}: {(p.stdout + p.stderr).strip()[-500:]}"
+    return None
+
+
+def test_harness_tsan(tmp_path):
+    why = _tsan_works(tmp_path)
+    if why is not None:
+        pytest.skip(f"ThreadSanitizer does not run on this machine: {why}")
+    _passed(make("test-tsan"), 1)
+
+
+@pytest.fixture
+def collector(tmp_path):
+    c = NcclCollector(Context(host="h", run_dir=tmp_path / "run"), {})
+    c.start()
+    yield c
+    c.close()
+
+
+def _emit(collector: NcclCollector, *args: str) -> subprocess.CompletedProcess:
+    built = make("all", "build/harness")
+    assert built.returncode == 0, built.stderr
+    env = dict(os.environ, C4_AGENT_SOCKET=str(collector.path), C4_INTERVAL_MS="200",
+               C4_STALL_MS="400")
+    proc = subprocess.run([str(PLUGIN / "build" / "harness"), "--emit-only", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_emit_only_through_the_collector(collector):
+    _emit(collector, "--seconds", "1.5", "--ranks", "4", "--comm", "c4e2e0000000abcd")
+    sample = collector.collect(time.time())
+    nccl = validate_body("report", {"interval": 1.0, "health": {}, "nccl": sample.section})["nccl"]
+    comms = nccl["comms"]
+    assert sorted(c["rank"] for c in comms) == [0, 1, 2, 3]
+    for c in comms:
+        assert c["comm"] == "c4e2e0000000abcd" and c["nranks"] == 4
+        assert c["seq_completed"] == c["seq_started"] > 0 and c["inflight"] is None
+        assert {(p["peer"], p["dir"]) for p in c["peers"]} == {
+            ((c["rank"] + 1) % 4, "send"), ((c["rank"] + 3) % 4, "recv")}
+        assert sum(x["count"] for x in c["colls"]) == c["seq_completed"]
+    assert nccl["malformed"] == 0 and nccl["dropped"] == 0 and sample.events == []
+
+
+def test_emit_only_hang_names_the_missing_rank(collector):
+    _emit(collector, "--seconds", "2.5", "--ranks", "4", "--hang-rank", "2")
+    sample = collector.collect(time.time())
+    for ev in sample.events:
+        validate_body("event", ev.body())
+    stalls = {e.attrs["rank"]: e.attrs for e in sample.events if e.type == "nccl_stall"}
+    # rank 2 never entered the op: only its neighbours stall, both waiting on it, on both
+    # channels: rank 1 for credit to send, rank 3 for data
+    assert sorted(stalls) == [1, 3]
+    assert stalls[1]["seq"] == stalls[3]["seq"] == stalls[1]["seq_completed"]
+    assert {(w["peer"], w["channel"], w["dir"], w["state"]) for w in stalls[1]["waiting"]} == {
+        (2, 0, "send", "SendPeerWait"), (2, 1, "send", "SendPeerWait")}
+    assert {(w["peer"], w["channel"], w["dir"], w["state"]) for w in stalls[3]["waiting"]} == {
+        (2, 0, "recv", "RecvWait"), (2, 1, "recv", "RecvWait")}
+    assert all(w["idle_s"] >= 0.4 for s in stalls.values() for w in s["waiting"])
