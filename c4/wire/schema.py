@@ -1,8 +1,9 @@
 """A small declarative schema language for wire bodies.
 
 Every kind and every report section is described with these specs; decoding validates a
-decoded msgpack value against its spec and raises `Invalid` with the path of the first bad
-field.  The same specs render the field tables in docs/wire.md (`describe`).
+decoded msgpack value against its spec, in place (a valid value is returned as it is), and
+raises `Invalid` with the path of the first bad field. The same specs render the field tables
+in docs/wire.md (`describe`).
 """
 from __future__ import annotations
 
@@ -17,17 +18,33 @@ __all__ = [
 ]
 
 
+# A field's path is built as nested (parent, key) tuples and rendered as "a.b.0.c" only when
+# a value is rejected: formatting a string per field on the success path doubled the cost of
+# validating a report.
+PathT = Any  # str | tuple[PathT, Any]
+
+
+def render_path(path: PathT) -> str:
+    parts: list[str] = []
+    while isinstance(path, tuple):
+        path, key = path
+        parts.append(str(key))
+    if path:
+        parts.append(str(path))
+    return ".".join(reversed(parts))
+
+
 class Invalid(ValueError):
-    """A value does not match its schema. `path` points at the offending field."""
+    """A value does not match its schema. `path` names the offending field."""
 
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path or '<root>'}: {reason}")
-        self.path = path
+    def __init__(self, path: PathT, reason: str) -> None:
+        self.path = render_path(path)
         self.reason = reason
+        super().__init__(f"{self.path or '<root>'}: {reason}")
 
 
-def _join(path: str, key: Any) -> str:
-    return f"{path}.{key}" if path else str(key)
+def _join(path: PathT, key: Any) -> PathT:
+    return (path, key) if path != "" else key
 
 
 class Spec:
@@ -48,7 +65,7 @@ class Int(Spec):
     max: int | None = None
 
     def check(self, value: Any, path: str = "") -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if type(value) is not int:  # msgpack yields exact ints; bool is not a number here
             raise Invalid(path, f"expected integer, got {_tname(value)}")
         if self.min is not None and value < self.min:
             raise Invalid(path, f"{value} is below the minimum {self.min}")
@@ -76,7 +93,7 @@ class Float(Spec):
     max: float | None = None
 
     def check(self, value: Any, path: str = "") -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if type(value) is not float and type(value) is not int:
             raise Invalid(path, f"expected number, got {_tname(value)}")
         if isinstance(value, float) and not math.isfinite(value):
             raise Invalid(path, "number is not finite")
@@ -84,7 +101,7 @@ class Float(Spec):
             raise Invalid(path, f"{value} is below the minimum {self.min}")
         if self.max is not None and value > self.max:
             raise Invalid(path, f"{value} is above the maximum {self.max}")
-        return float(value)
+        return value
 
     def describe(self) -> str:
         lo = "" if self.min is None else f"{self.min:g}"
@@ -100,6 +117,11 @@ class Str(Spec):
     max_len: int = 256
     pattern: str | None = None
     min_len: int = 0
+    _match: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.pattern is not None:  # compiled once: names are checked per counter per frame
+            object.__setattr__(self, "_match", re.compile(self.pattern).fullmatch)
 
     def check(self, value: Any, path: str = "") -> str:
         if not isinstance(value, str):
@@ -108,7 +130,7 @@ class Str(Spec):
             raise Invalid(path, f"string longer than {self.max_len}")
         if len(value) < self.min_len:
             raise Invalid(path, f"string shorter than {self.min_len}")
-        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+        if self._match is not None and not self._match(value):
             raise Invalid(path, f"{value!r} does not match {self.pattern}")
         return value
 
@@ -213,7 +235,10 @@ class List(Spec):
             raise Invalid(path, f"expected array, got {_tname(value)}")
         if len(value) > self.max_len:
             raise Invalid(path, f"array longer than {self.max_len}")
-        return [self.item.check(v, _join(path, i)) for i, v in enumerate(value)]
+        check = self.item.check
+        for i, v in enumerate(value):
+            check(v, _join(path, i))
+        return value
 
     def describe(self) -> str:
         return f"array (<= {self.max_len}) of {self.item.describe()}"
@@ -230,11 +255,11 @@ class Map(Spec):
             raise Invalid(path, f"expected map, got {_tname(value)}")
         if len(value) > self.max_len:
             raise Invalid(path, f"map has more than {self.max_len} entries")
-        out = {}
+        kcheck, vcheck = self.key.check, self.value.check
         for k, v in value.items():
-            k = self.key.check(k, _join(path, f"<key {k!r}>"))
-            out[k] = self.value.check(v, _join(path, k))
-        return out
+            kcheck(k, _join(path, "<key>"))
+            vcheck(v, _join(path, k))
+        return value
 
     def describe(self) -> str:
         return f"map (<= {self.max_len}) {self.key.describe()} -> {self.value.describe()}"
@@ -253,22 +278,22 @@ class Record(Spec):
     def check(self, value: Any, path: str = "") -> dict:
         if not isinstance(value, dict):
             raise Invalid(path, f"expected map, got {_tname(value)}")
-        out = {}
-        for name, spec in self.required.items():
+        required = self.required
+        for name, spec in required.items():
             if name not in value:
                 raise Invalid(_join(path, name), "missing required field")
-            out[name] = spec.check(value[name], _join(path, name))
+            spec.check(value[name], _join(path, name))
+        if len(value) == len(required):
+            return value
         for name, v in value.items():
-            if name in self.required:
+            if name in required:
                 continue
             spec = self.optional.get(name) if isinstance(name, str) else None
             if spec is not None:
-                out[name] = spec.check(v, _join(path, name))
-            elif self.open:
-                out[name] = v  # validated by whoever knows its schema (e.g. event attrs)
-            else:
+                spec.check(v, _join(path, name))
+            elif not self.open:  # open: validated by whoever knows its schema (event attrs)
                 raise Invalid(_join(path, str(name)), "unknown field")
-        return out
+        return value
 
     def fields(self) -> list[tuple[str, Spec, bool]]:
         return [(n, s, True) for n, s in self.required.items()] + [
@@ -283,7 +308,7 @@ def describe_record(rec: Record, prefix: str = "") -> list[tuple[str, str, bool,
     """Flatten a record into (path, type, required, doc) rows for documentation."""
     rows: list[tuple[str, str, bool, str]] = []
     for name, spec, req in rec.fields():
-        path = _join(prefix, name)
+        path = f"{prefix}.{name}" if prefix else name
         inner = spec.inner if isinstance(spec, Nullable) else spec
         if isinstance(inner, List) and isinstance(inner.item, Record):
             rows.append((path, f"array (<= {inner.max_len}) of map", req, rec.doc.get(name, "")))

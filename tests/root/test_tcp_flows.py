@@ -3,13 +3,10 @@ nftables on the receiver, a TCP transfer of a known size; the collector (root ne
 tracepoints are global) must report that flow with the kernel's own retransmit count."""
 from __future__ import annotations
 
-import os
-import random
 import secrets
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +15,8 @@ import pytest
 from agent.collectors.base import Context, Sample
 from agent.collectors.tcp_flows import TcpFlowsCollector
 from c4.wire.kinds import validate_body
+
+from ._netns import Pair, drop_ingress, free_port, netns_pair, nft_dropped
 
 RECEIVER = r"""
 import socket, sys, time
@@ -61,70 +60,10 @@ time.sleep(1)  # outlive a collect: the collector reads the owner's netns from /
 """
 
 
-def sh(*args: str) -> str:
-    return subprocess.run(args, check=True, capture_output=True, text=True).stdout
-
-
-@dataclass
-class Pair:
-    a: str  # sender namespace
-    b: str  # receiver namespace
-    addr_a: str
-    addr_b: str
-
-    def popen(self, ns: str, code: str, *argv: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code, *argv],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def retrans_segs(self) -> int:
-        lines = [ln.split() for ln in sh("ip", "netns", "exec", self.a, "cat",
-                                         "/proc/net/snmp").splitlines() if ln.startswith("Tcp:")]
-        return int(lines[1][lines[0].index("RetransSegs")])
-
-    def netns_inode(self, ns: str) -> int:
-        return os.stat(f"/run/netns/{ns}").st_ino
-
-
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
-    tag = secrets.token_hex(3)
-    a, b = f"c4tf-{tag}-a", f"c4tf-{tag}-b"
-    net = f"10.{random.randint(100, 250)}.{random.randint(0, 255)}"
-    p = Pair(a, b, f"{net}.1", f"{net}.2")
-    try:
-        for ns in (a, b):
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "-n", a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", b)
-        for ns, dev, addr in ((a, "va", p.addr_a), (b, "vb", p.addr_b)):
-            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            # per-packet loss needs per-packet segments on the wire; TCP segments in software
-            # even with gso off, and gso_max_segs 1 makes every skb one segment, so that a
-            # retransmitted skb (what the tracepoint sees) is one segment (what the MIB counts)
-            sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off",
-               "gro", "off")
-            sh("ip", "-n", ns, "link", "set", dev, "gso_max_segs", "1")
+    with netns_pair("c4tf") as p:
         yield p
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
-def drop_ingress(p: Pair, port: int, percent: int) -> None:
-    rules = (f"table inet c4tf {{\n chain in {{\n  type filter hook input priority 0;\n"
-             f"  tcp dport {port} numgen random mod 100 < {percent} counter drop\n }}\n}}\n")
-    subprocess.run(["ip", "netns", "exec", p.b, "nft", "-f", "-"], input=rules, text=True,
-                   check=True)
-
-
-def nft_dropped(p: Pair) -> int:
-    out = sh("ip", "netns", "exec", p.b, "nft", "list", "table", "inet", "c4tf")
-    return int(out.split("counter packets ")[1].split()[0])
-
-
-def free_port() -> int:
-    return random.randint(20000, 30000)
 
 
 @pytest.fixture
