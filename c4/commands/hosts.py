@@ -102,11 +102,10 @@ def print_host(h: dict[str, Any], console: Console, show_counters: bool = False)
         console.print(f"host: cpu {host['cpu_pct']:.1f}%  load1 {host['load1']:.2f}  mem "
                       f"{host['mem_used_bytes'] / 2**30:.1f}/{host['mem_total_bytes'] / 2**30:.1f} GiB"
                       f"  agent rss {host.get('agent_rss_bytes', 0) / 2**20:.0f} MiB")
-    for key, label in (("tcp_flows", "TCP flows"), ("verbs_qp", "verbs QPs"), ("nccl", "NCCL")):
-        sec = report.get(key)
-        if sec:
-            items = sec.get("flows") or sec.get("qps") or sec.get("comms") or []
-            console.print(f"{label}: {len(items)} (see --json for details)")
+    for table in (flows_table(report.get("tcp_flows")), qps_table(report.get("verbs_qp")),
+                  comms_table(report.get("nccl"))):
+        if table is not None:
+            console.print(table)
     events = h.get("events", [])
     if events:
         t = Table(title=f"recent events ({len(events)})")
@@ -148,4 +147,58 @@ def counters_table(ports: list[dict[str, Any]]) -> Table:
             rate = p.get("rates", {}).get(name)
             t.add_row(f"{p['dev']}/{p['port']}", name, f"{p['counters'][name]:,}",
                       str(p.get("deltas", {}).get(name, "")), "" if rate is None else _rate(rate))
+    return t
+
+
+ROWS_SHOWN = 10  # the human view lists the busiest few; --json has everything
+
+
+def flows_table(sec: dict[str, Any] | None) -> Table | None:
+    flows = (sec or {}).get("flows") or []
+    if not flows:
+        return None
+    flows = sorted(flows, key=lambda f: -f.get("bytes_acked_delta", 0))
+    t = Table(title=f"TCP flows: {len(flows)} (busiest {min(len(flows), ROWS_SHOWN)})")
+    for col in ("local", "remote", "pid/comm", "state", "tx B/s", "retrans", "srtt ms", "cwnd"):
+        t.add_column(col, no_wrap=col in ("local", "remote"))
+    for f in flows[:ROWS_SHOWN]:
+        t.add_row(f"{f['saddr']}:{f['sport']}", f"{f['daddr']}:{f['dport']}",
+                  f"{f.get('pid', 0)}/{f.get('comm', '')}", f.get("state", ""),
+                  _rate(f.get("bytes_acked_rate")),
+                  f"{f.get('retrans_segs', 0)} (+{f.get('retrans_segs_delta', 0)})",
+                  f"{f.get('srtt_us', 0) / 1000:.2f}", str(f.get("cwnd", "")))
+    return t
+
+
+def qps_table(sec: dict[str, Any] | None) -> Table | None:
+    qps = (sec or {}).get("qps") or []
+    if not qps:
+        return None
+    t = Table(title=f"verbs QPs: {len(qps)}")
+    for col in ("pid/comm", "lqpn", "rqpn", "type", "state", "port", "UDP sport"):
+        t.add_column(col)
+    for q in qps[:ROWS_SHOWN]:
+        rqpn = q.get("rqpn")
+        t.add_row(f"{q.get('pid', 0)}/{q.get('comm', '')}", f"{q['lqpn']:#x}",
+                  "-" if rqpn is None else f"{rqpn:#x}", q.get("qp_type", ""),
+                  q.get("state", "") + (" (destroyed)" if q.get("destroyed") else ""),
+                  str(q.get("port") or "-"), str(q.get("sport") or "-"))
+    return t
+
+
+def comms_table(sec: dict[str, Any] | None) -> Table | None:
+    comms = (sec or {}).get("comms") or []
+    if not comms:
+        return None
+    t = Table(title=f"NCCL communicators: {len(comms)} rank(s) on this host")
+    for col in ("comm", "rank", "job", "pid", "completed", "in flight", "ops", "net wait s"):
+        t.add_column(col)
+    for c in comms[:ROWS_SHOWN * 2]:
+        inflight = c.get("inflight")
+        t.add_row(c["comm"], f"{c['rank']}/{c['nranks']}", c.get("job") or "-",
+                  str(c.get("pid", "-")), str(c["seq_completed"]),
+                  "-" if not inflight else f"{inflight['func']} #{inflight['seq']} "
+                  f"{inflight['age_s']:.1f}s",
+                  str(sum(x["count"] for x in c.get("colls", []))),
+                  f"{sum(p['net_wait_s'] for p in c.get('peers', [])):.3f}")
     return t

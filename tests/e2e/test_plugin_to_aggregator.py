@@ -57,6 +57,7 @@ def test_plugin_summaries_reach_the_aggregator(cluster: Cluster, tmp_path: Path)
             return comms
 
         comms = wait_for(all_ranks_moving, timeout=30, what="traffic summaries of all 8 ranks")
+        human = cluster.cli("host", HOST)  # while the workload runs: summaries are current
     finally:
         out, _ = harness.communicate(timeout=60)
     assert harness.returncode == 0, out
@@ -65,6 +66,6 @@ def test_plugin_summaries_reach_the_aggregator(cluster: Cluster, tmp_path: Path)
         assert c["pid"] == harness.pid  # the kernel-reported sender (SO_PASSCRED)
         sends = {p["peer"] for p in c["peers"] if p["dir"] == "send"}
         assert sends == {(c["rank"] + 1) % 8}
-    human = cluster.cli("host", HOST)
-    assert human.returncode == 0 and "NCCL" in human.stdout
+    assert human.returncode == 0 and "NCCL communicators" in human.stdout
+    assert COMM in human.stdout
     assert agent.p.poll() is None  # the agent is still running
