@@ -29,3 +29,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    """A real aggregator and agents as processes on loopback (tests/e2e/procs.py), all
+    stopped at the end of the test whatever happened."""
+    from tests.e2e.procs import Cluster
+
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()

@@ -7,7 +7,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 DEFAULT_URL = "http://127.0.0.1:9464"
 
@@ -39,6 +39,21 @@ def get_json(base_url: str, path: str, timeout: float = 10.0) -> dict[str, Any]:
                        "(is `c4 aggregator run` running? set --aggregator or C4_AGGREGATOR)") from None
     except ValueError as exc:
         raise ApiError(f"{url}: the reply is not JSON: {exc}") from None
+
+
+def query(args: argparse.Namespace, path: str, render: Callable[[dict[str, Any]], Any]) -> int:
+    """GET `path` from the aggregator; print JSON with --json, else `render(data)` with rich."""
+    try:
+        data = get_json(args.aggregator, path)
+    except ApiError as exc:
+        return fail(str(exc))
+    if args.json:
+        print_json(data)
+    else:
+        from rich.console import Console
+
+        Console().print(render(data))
+    return 0
 
 
 def print_json(obj: Any) -> None:

@@ -5,10 +5,11 @@ import argparse
 from typing import Any
 from urllib.parse import quote
 
-from rich.console import Console
+from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
-from ._http import ApiError, add_aggregator_arg, fail, get_json, print_json
+from ._http import add_aggregator_arg, query
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,27 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _hosts(args: argparse.Namespace) -> int:
-    try:
-        data = get_json(args.aggregator, "/api/v1/hosts")
-    except ApiError as exc:
-        return fail(str(exc))
-    if args.json:
-        print_json(data)
-    else:
-        Console().print(hosts_table(data["hosts"]))
-    return 0
+    return query(args, "/api/v1/hosts", lambda d: hosts_table(d["hosts"]))
 
 
 def _host(args: argparse.Namespace) -> int:
-    try:
-        data = get_json(args.aggregator, f"/api/v1/hosts/{quote(args.name, safe='')}")
-    except ApiError as exc:
-        return fail(str(exc))
-    if args.json:
-        print_json(data)
-    else:
-        print_host(data, Console(), show_counters=args.counters)
-    return 0
+    return query(args, f"/api/v1/hosts/{quote(args.name, safe='')}",
+                 lambda d: host_view(d, show_counters=args.counters))
 
 
 def _rate(v: float | None) -> str:
@@ -78,10 +64,11 @@ def hosts_table(hosts: list[dict[str, Any]]) -> Table:
     return t
 
 
-def print_host(h: dict[str, Any], console: Console, show_counters: bool = False) -> None:
-    console.print(f"[bold]{h['name']}[/]  status={h['status']}  agent={h.get('agent_version')}  "
-                  f"last seen {h['last_seen_age_s']:.1f}s ago  reports={h['reports']}  "
-                  f"seq={h['seq']['contiguous']} lost={h['seq']['lost']}")
+def host_view(h: dict[str, Any], show_counters: bool = False) -> Group:
+    parts: list[Any] = []
+    parts.append(f"[bold]{h['name']}[/]  status={h['status']}  agent={h.get('agent_version')}  "
+                 f"last seen {h['last_seen_age_s']:.1f}s ago  reports={h['reports']}  "
+                 f"seq={h['seq']['contiguous']} lost={h['seq']['lost']}")
     health = (h.get("report") or {}).get("health") or h.get("hello", {}).get("collectors", {})
     t = Table(title="collectors")
     t.add_column("collector")
@@ -89,33 +76,33 @@ def print_host(h: dict[str, Any], console: Console, show_counters: bool = False)
     t.add_column("reason")
     for name in sorted(health):
         ok = health[name].get("ok")
-        t.add_row(name, "[green]ok[/]" if ok else "[red]off[/]", health[name].get("reason", ""))
-    console.print(t)
+        t.add_row(name, "[green]ok[/]" if ok else "[red]off[/]", escape(health[name].get("reason", "")))
+    parts.append(t)
     report = h.get("report") or {}
     ports = (report.get("rdma") or {}).get("ports", [])
     if ports:
-        console.print(ports_table(ports))
+        parts.append(ports_table(ports))
         if show_counters:
-            console.print(counters_table(ports))
+            parts.append(counters_table(ports))
     host = report.get("host")
     if host:
-        console.print(f"host: cpu {host['cpu_pct']:.1f}%  load1 {host['load1']:.2f}  mem "
-                      f"{host['mem_used_bytes'] / 2**30:.1f}/{host['mem_total_bytes'] / 2**30:.1f} GiB"
-                      f"  agent rss {host.get('agent_rss_bytes', 0) / 2**20:.0f} MiB")
+        parts.append(f"host: cpu {host['cpu_pct']:.1f}%  load1 {host['load1']:.2f}  mem "
+                     f"{host['mem_used_bytes'] / 2**30:.1f}/{host['mem_total_bytes'] / 2**30:.1f} GiB"
+                     f"  agent rss {host.get('agent_rss_bytes', 0) / 2**20:.0f} MiB")
     for table in (flows_table(report.get("tcp_flows")), qps_table(report.get("verbs_qp")),
                   comms_table(report.get("nccl"))):
         if table is not None:
-            console.print(table)
+            parts.append(table)
     events = h.get("events", [])
     if events:
         t = Table(title=f"recent events ({len(events)})")
         for col in ("agent time", "type", "severity", "device", "message"):
             t.add_column(col)
         for e in events[-20:]:
-            t.add_row(f"{e['ts']:.3f}", e["type"], e["severity"], e.get("device") or "",
-                      (e.get("msg") or "")[:80])
-        console.print(t)
-
+            t.add_row(f"{e['ts']:.3f}", e["type"], e["severity"], escape(e.get("device") or ""),
+                      escape((e.get("msg") or "")[:80]))
+        parts.append(t)
+    return Group(*parts)
 
 # Per port, the counters an operator looks at first: traffic, congestion, errors.
 KEY_RATES = (("port_xmit_bytes", "tx B/s"), ("port_rcv_bytes", "rx B/s"),
@@ -163,7 +150,7 @@ def flows_table(sec: dict[str, Any] | None) -> Table | None:
         t.add_column(col, no_wrap=col in ("local", "remote"))
     for f in flows[:ROWS_SHOWN]:
         t.add_row(f"{f['saddr']}:{f['sport']}", f"{f['daddr']}:{f['dport']}",
-                  f"{f.get('pid', 0)}/{f.get('comm', '')}", f.get("state", ""),
+                  escape(f"{f.get('pid', 0)}/{f.get('comm', '')}"), f.get("state", ""),
                   _rate(f.get("bytes_acked_rate")),
                   f"{f.get('retrans_segs', 0)} (+{f.get('retrans_segs_delta', 0)})",
                   f"{f.get('srtt_us', 0) / 1000:.2f}", str(f.get("cwnd", "")))
@@ -179,7 +166,7 @@ def qps_table(sec: dict[str, Any] | None) -> Table | None:
         t.add_column(col)
     for q in qps[:ROWS_SHOWN]:
         rqpn = q.get("rqpn")
-        t.add_row(f"{q.get('pid', 0)}/{q.get('comm', '')}", f"{q['lqpn']:#x}",
+        t.add_row(escape(f"{q.get('pid', 0)}/{q.get('comm', '')}"), f"{q['lqpn']:#x}",
                   "-" if rqpn is None else f"{rqpn:#x}", q.get("qp_type", ""),
                   q.get("state", "") + (" (destroyed)" if q.get("destroyed") else ""),
                   str(q.get("port") or "-"), str(q.get("sport") or "-"))
@@ -195,7 +182,7 @@ def comms_table(sec: dict[str, Any] | None) -> Table | None:
         t.add_column(col)
     for c in comms[:ROWS_SHOWN * 2]:
         inflight = c.get("inflight")
-        t.add_row(c["comm"], f"{c['rank']}/{c['nranks']}", c.get("job") or "-",
+        t.add_row(c["comm"], f"{c['rank']}/{c['nranks']}", escape(c.get("job") or "-"),
                   str(c.get("pid", "-")), str(c["seq_completed"]),
                   "-" if not inflight else f"{inflight['func']} #{inflight['seq']} "
                   f"{inflight['age_s']:.1f}s",

@@ -5,11 +5,10 @@ import argparse
 import time
 from urllib.parse import urlencode
 
-from rich.console import Console
-
 from c4.render import incident_view, incidents_table
 
-from ._http import ApiError, add_aggregator_arg, fail, get_json, print_json
+from ._http import add_aggregator_arg
+from ._http import query as http_query
 
 STATES = ("open", "mitigated", "resolved")
 
@@ -32,24 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _incidents(args: argparse.Namespace) -> int:
     query = f"?{urlencode({'state': args.state})}" if args.state else ""
-    try:
-        data = get_json(args.aggregator, f"/api/v1/incidents{query}")
-    except ApiError as exc:
-        return fail(str(exc))
-    if args.json:
-        print_json(data)
-    else:
-        Console().print(incidents_table(data.get("incidents", []), time.time()))
-    return 0
+    return http_query(args, f"/api/v1/incidents{query}",
+                      lambda d: incidents_table(d.get("incidents", []), time.time()))
 
 
 def _incident(args: argparse.Namespace) -> int:
-    try:
-        data = get_json(args.aggregator, f"/api/v1/incidents/{args.id}")
-    except ApiError as exc:
-        return fail(str(exc))
-    if args.json:
-        print_json(data)
-    else:
-        Console().print(incident_view(data, time.time()))
-    return 0
+    return http_query(args, f"/api/v1/incidents/{args.id}",
+                      lambda d: incident_view(d, time.time()))

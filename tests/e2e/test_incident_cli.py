@@ -26,15 +26,6 @@ SPEED = 4.0  # simulated seconds per real second
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
 def recording(tmp_path: Path) -> Path:
     rec = tmp_path / "slow.c4rec"
     # No clock skew: frames are paced by their timestamps (C4D itself does not need this).

@@ -22,15 +22,6 @@ HOST = "gpu-e2e-01"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
 def sysfs(tmp_path: Path) -> Path:
     dst = tmp_path / "sys"
     shutil.copytree(FIXTURE, dst, symlinks=True)

@@ -16,15 +16,6 @@ HOST = "gpu-nccl-01"
 COMM = "00000000c4c4beef"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 def _comms(cluster: Cluster) -> list[dict]:
     out = cluster.cli("host", HOST, "--json")
     assert out.returncode == 0, out.stderr

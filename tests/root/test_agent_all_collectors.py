@@ -66,15 +66,6 @@ def built() -> None:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
 def pair() -> Iterator[Pair]:
     with netns_pair("c4all") as p:
         yield p
