@@ -1,8 +1,9 @@
 """tcp_flows collector: per-connection TCP counters aggregated in eBPF maps (bpf/tcp_flows.c).
 
-The kernel program counts per socket; once per interval this module reads the maps, turns
-counters into per-interval deltas and rates, reports closed connections once and evicts
-them, and drains the ring buffer of discrete events (retransmit bursts, resets). Kernel
+The kernel program counts per socket; once per interval this module reads the maps, lists
+the flows whose entry changed (every flow on a periodic refresh) with per-interval deltas
+and rates, reports closed connections once and evicts them, and drains the ring buffer of
+discrete events (retransmit bursts, resets). Kernel
 features are detected from the tracefs format files of the running kernel and passed to the
 compiler as -D flags, so an older kernel runs with fewer fields instead of failing.
 
@@ -14,12 +15,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import heapq
 import ipaddress
 import os
 import platform
 import re
 import struct
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
@@ -46,6 +47,7 @@ class Options:
     max_report_flows: int = 2048
     retrans_burst: int = 100
     max_events: int = 100
+    refresh_intervals: int = 30
 
     @property
     def owner_filter(self) -> bool:
@@ -78,6 +80,7 @@ def parse_options(options: Mapping[str, Any]) -> Options:
                                  MAX_FLOWS_PER_REPORT),
         retrans_burst=get_int(NAME, options, "retrans_burst", 100, 0, 1 << 30),
         max_events=get_int(NAME, options, "max_events", 100, 0, 100000),
+        refresh_intervals=get_int(NAME, options, "refresh_intervals", 30, 1, 86400),
     )
 
 
@@ -228,8 +231,7 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
 FLOW_LAYOUT = struct.Struct("=5Q11I3H5B16s16s16sx")
 EVENT_LAYOUT = struct.Struct("=Q3I3H2B16s16s16s4x")
 CLOSED_KEY = struct.Struct("=2Q")
-FLOW_KEY = struct.Struct("=Q")
-U32 = struct.Struct("=I")
+FIRST_NS = struct.Struct("=Q")  # struct flow starts with first_ns
 AF_INET6 = 10
 TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1",
                    5: "FIN_WAIT2", 6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK",
@@ -320,8 +322,55 @@ def decode_event(raw: bytes, rst_reasons: Mapping[int, str]) -> Event | None:
 
 # ------------------------------------------------------------------------- per-interval table
 
-FlowId = tuple[int, int]  # (socket address, first_ns): unique over time
+def _field_codes(fmt: str) -> list[str]:
+    """One struct code per field of `fmt` (`5Q` is five fields, `16s` one; pads dropped)."""
+    out: list[str] = []
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt):
+        if code == "s":
+            out.append(f"{count}s")
+        elif code != "x":
+            out += [code] * int(count or 1)
+    return out
+
+
+def _layout_keeping(names: tuple[str, ...]) -> struct.Struct:
+    """struct flow with every field but `names` skipped as padding."""
+    codes = _field_codes(FLOW_LAYOUT.format)
+    return struct.Struct("=" + "".join(
+        code if name in names else f"{struct.calcsize(code)}x"
+        for name, code in zip(FlowEntry._fields, codes, strict=True))
+        + f"{FLOW_LAYOUT.size - struct.calcsize('=' + ''.join(codes))}x")
+
+
+# what a changed flow's row needs, in layout order: unpacked for every changed flow every
+# interval, it skips the 16-byte strings and the fields only the kernel uses
+HOT_FIELDS = ("first_ns", "cookie", "bytes_acked", "bytes_received", "retrans", "retrans_fail",
+              "drops", "last_drop_reason", "state_changes", "srtt_us", "cwnd", "pid", "state",
+              "owner_known", "ignored", "closed")
+HOT_LAYOUT = _layout_keeping(HOT_FIELDS)
+
 Counts = tuple[int, int, int, int]  # bytes_acked, bytes_received, retrans, drops
+ZERO: Counts = (0, 0, 0, 0)
+LISTED, UNATTRIBUTED, IGNORED = 0, 1, 2  # what a flow is to the report
+COUNTER_KEYS = ("state", "bytes_acked", "bytes_received", "retrans_segs", "bytes_acked_delta",
+                "bytes_received_delta", "retrans_segs_delta", "bytes_acked_rate",
+                "bytes_received_rate", "srtt_us", "cwnd", "closed", "state_changes")
+
+
+class Seen:
+    """A live flow as of the previous read, updated in place: one per flow per interval."""
+
+    __slots__ = ("raw", "first_ns", "kind", "counts", "pid", "cookie", "template")
+
+    def __init__(self, first_ns: int) -> None:
+        self.raw = b""  # struct flow as last read; b"": list it at the next read
+        self.first_ns = first_ns
+        self.kind = LISTED
+        self.counts = ZERO  # at the last read: deltas are against it
+        # the flow's rows are copies of `template`, made for this pid and cookie (each is
+        # set once): a dict copy and a dozen stores cost less than a 22-key dict display
+        self.pid = self.cookie = -1
+        self.template: dict[str, Any] = {}
 
 
 @dataclass
@@ -330,81 +379,118 @@ class TableResult:
     omitted: int
     tracked: int
     unattributed: int
+    unchanged: int
+
+
+Listed = tuple[int, int, Seen, dict[str, Any]]  # bytes moved, retransmits, flow, row
+
+
+def _activity(item: Listed) -> tuple[int, int]:
+    return item[0], item[1]
 
 
 @dataclass
 class FlowTable:
-    """Turns map snapshots into report rows: deltas against the previous interval, top flows
-    by activity, closed flows reported once and then forgotten. Runs over every flow every
-    interval, so it keeps to tuples and caches (bench/agent_cpu.py)."""
+    """Turns map snapshots into report rows: the flows whose kernel entry changed since the
+    previous read (every flow on a refresh), with deltas; closed flows once, then forgotten.
+    Runs over every flow every interval: an unchanged flow costs a dict lookup and a bytes
+    comparison; a changed one a partial unpack and a copy of its row template, whose
+    addresses and owner were formatted once (bench/agent_cpu.py)."""
 
     max_report: int
     owner_filter: bool
     netns_of: Callable[[int], int]  # pid -> network namespace inode (0: unknown)
     drop_names: Mapping[int, str] = field(default_factory=dict)
-    _prev: dict[FlowId, Counts] = field(default_factory=dict)
-    _netns: dict[FlowId, int] = field(default_factory=dict)
+    _seen: dict[int, Seen] = field(default_factory=dict)  # socket address -> live flow
 
-    def update(self, live: Mapping[int, FlowEntry], closed: Iterable[tuple[FlowId, FlowEntry]],
-               interval: float) -> TableResult:
-        """`live`: socket address -> entry of the flows map; `closed`: entries taken from
-        the closed map; `interval`: seconds since the previous update."""
-        entries: dict[FlowId, FlowEntry] = {(sk, e.first_ns): e for sk, e in live.items()
-                                            if not e.ignored}
-        entries.update(closed)  # a flow that closed between the two reads: closed wins
-        unattributed = 0
-        scored = []
-        prev, zero = self._prev, (0, 0, 0, 0)
-        current: dict[FlowId, Counts] = {}
-        for fid, e in entries.items():
-            if self.owner_filter and not e.owner_known:
-                unattributed += 1
-                continue
-            counts = (e.bytes_acked, e.bytes_received, e.retrans, e.drops)
-            # a flow absent last time was created since: all of it is this interval's
-            p = prev.get(fid, zero)
-            deltas = (counts[0] - p[0], counts[1] - p[1], counts[2] - p[2], counts[3] - p[3])
-            scored.append((deltas[0] + deltas[1], deltas[2], fid, e, deltas))
-            if not e.closed:
-                current[fid] = counts
-        top = heapq.nlargest(self.max_report, scored)  # ties end at the unique fid
+    def update(self, live: Mapping[int, bytes], closed: Iterable[tuple[bytes, bytes]],
+               interval: float, refresh: bool = False) -> TableResult:
+        """`live`: socket address -> struct flow, from the flows map; `closed`: (struct
+        closed_key, struct flow) taken from the closed map; `interval`: seconds since the
+        previous update; `refresh`: list unchanged flows too."""
+        seen, nxt = self._seen, {}
         per_s = 1.0 / interval if interval > 0 else 0.0
-        rows = [self._row(fid, e, deltas, per_s) for _, _, fid, e, deltas in top]
-        # forget closed flows and flows that vanished (e.g. a missed close)
-        self._prev = current
-        for fid in [f for f in self._netns if f not in current]:
-            del self._netns[fid]
-        return TableResult(rows, len(scored) - len(rows), len(entries), unattributed)
+        listed: list[Listed] = []
+        kinds = [0, 0, 0]
+        # a flow that closed between the two reads is in both: closed wins
+        gone = {CLOSED_KEY.unpack(k): v for k, v in closed}
+        unchanged = 0
+        for sk, raw in live.items():
+            st = seen.get(sk)
+            if st is None or st.raw != raw or refresh:
+                if gone and (sk, FIRST_NS.unpack_from(raw)[0]) in gone:
+                    continue
+                st = self._take(sk, raw, st, per_s, listed)
+            elif gone and (sk, st.first_ns) in gone:
+                continue
+            else:
+                unchanged += st.kind == LISTED
+            kinds[st.kind] += 1
+            nxt[sk] = st
+        for (sk, _), raw in gone.items():
+            kinds[self._take(sk, raw, seen.get(sk), per_s, listed).kind] += 1
+        if len(listed) > self.max_report:  # keep the most active: bytes, then retransmits
+            listed.sort(key=_activity, reverse=True)
+            for _, _, st, _ in listed[self.max_report:]:
+                st.raw = b""  # not listed: list it next time, even if it stays idle
+        self._seen = nxt  # forgets closed flows and flows that vanished (e.g. a missed close)
+        rows = [row for _, _, _, row in listed[:self.max_report]]
+        return TableResult(rows, len(listed) - len(rows), kinds[LISTED] + kinds[UNATTRIBUTED],
+                           kinds[UNATTRIBUTED], unchanged)
 
-    def _row(self, fid: FlowId, e: FlowEntry, deltas: Counts, per_s: float) -> dict[str, Any]:
-        # one unpack instead of ~25 attribute loads: this runs for every flow every interval
-        (_, cookie, _, acked, received, retrans, retrans_fail, drops, last_drop, state_changes,
-         _, srtt_us, cwnd, pid, _, _, sport, dport, family, state, _, _, _, closed, saddr,
-         daddr, comm_raw) = e
-        netns = self._netns.get(fid)
-        if netns is None and pid:  # read once, while the owner most likely still runs
-            netns = self._netns[fid] = self.netns_of(pid)
-        acked_d, received_d = deltas[0], deltas[1]
-        row: dict[str, Any] = {
-            "saddr": _addr(saddr, family), "daddr": _addr(daddr, family),
-            "sport": sport, "dport": dport, "family": _family(family),
-            "netns": netns or 0, "pid": pid, "comm": _comm(comm_raw),
-            "state": TCP_STATE_NAMES.get(state, "UNKNOWN"),
-            "bytes_acked": acked, "bytes_received": received, "retrans_segs": retrans,
-            "bytes_acked_delta": acked_d, "bytes_received_delta": received_d,
-            "retrans_segs_delta": deltas[2],
-            "bytes_acked_rate": acked_d * per_s, "bytes_received_rate": received_d * per_s,
-            "srtt_us": srtt_us, "cwnd": cwnd, "closed": closed == 1,
-            "state_changes": state_changes,
-        }
+    def _take(self, sk: int, raw: bytes, st: Seen | None, per_s: float,
+              listed: list[Listed]) -> Seen:
+        """The flow's state after entry `raw`; its row goes to `listed` unless it is hidden."""
+        (first_ns, cookie, acked, received, retrans, retrans_fail, drops, last_drop,
+         state_changes, srtt_us, cwnd, pid, state, owner_known, ignored,
+         closed) = HOT_LAYOUT.unpack(raw)
+        if st is None or st.first_ns != first_ns:  # new, or its socket address was reused
+            st = Seen(first_ns)
+        st.raw = raw
+        if ignored:
+            st.kind = IGNORED
+            return st
+        if self.owner_filter and not owner_known:
+            st.kind = UNATTRIBUTED  # counts stay zero: its first listing carries all of it
+            return st
+        st.kind = LISTED
+        if st.pid != pid or st.cookie != cookie:
+            st.pid, st.cookie, st.template = pid, cookie, self._template(FlowEntry.decode(raw))
+        p = st.counts
+        st.counts = (acked, received, retrans, drops)
+        acked_d, received_d, retrans_d = acked - p[0], received - p[1], retrans - p[2]
+        row = st.template.copy()
+        row["state"] = TCP_STATE_NAMES.get(state, "UNKNOWN")
+        row["bytes_acked"] = acked
+        row["bytes_received"] = received
+        row["retrans_segs"] = retrans
+        row["bytes_acked_delta"] = acked_d
+        row["bytes_received_delta"] = received_d
+        row["retrans_segs_delta"] = retrans_d
+        row["bytes_acked_rate"] = acked_d * per_s
+        row["bytes_received_rate"] = received_d * per_s
+        row["srtt_us"] = srtt_us
+        row["cwnd"] = cwnd
+        row["closed"] = closed == 1
+        row["state_changes"] = state_changes
         if retrans_fail:
             row["retrans_failed"] = retrans_fail
         if drops:
             row["drops"] = drops
-            row["drops_delta"] = deltas[3]
+            row["drops_delta"] = drops - p[3]
             row["last_drop_reason"] = self.drop_names.get(last_drop, f"REASON_{last_drop}")
-        if cookie:
-            row["cookie"] = cookie
+        listed.append((acked_d + received_d, retrans_d, st, row))
+        return st
+
+    def _template(self, e: FlowEntry) -> dict[str, Any]:
+        # the owner's netns is read once, while the owner most likely still runs
+        row: dict[str, Any] = {
+            "saddr": _addr(e.saddr, e.family), "daddr": _addr(e.daddr, e.family),
+            "sport": e.sport, "dport": e.dport, "family": _family(e.family),
+            "netns": self.netns_of(e.pid) if e.pid else 0, "pid": e.pid, "comm": e.comm}
+        if e.cookie:
+            row["cookie"] = e.cookie
+        row.update(dict.fromkeys(COUNTER_KEYS))  # slots the rows fill in
         return row
 
 
@@ -439,14 +525,17 @@ class Reporter:
         self.table = FlowTable(opts.max_report_flows, opts.owner_filter, netns_of,
                                feats.drop_reasons)
         self._drops: dict[str, int] = {}
+        self._reports = 0
 
     def report(self, snap: Snapshot, interval: float) -> Sample:
-        live = {sk: FlowEntry.decode(raw) for sk, raw in snap.live.items()}
-        closed = [(CLOSED_KEY.unpack(key), FlowEntry.decode(raw)) for key, raw in snap.closed]
-        res = self.table.update(live, closed, interval)
+        # the first report lists every flow, and so does every refresh_intervals-th after it
+        refresh = self._reports % self.opts.refresh_intervals == 0
+        self._reports += 1
+        res = self.table.update(snap.live, snap.closed, interval, refresh)
         drops = drop_counts(snap.drop_slots, self.feats.drop_reasons)
         section: dict[str, Any] = {
             "flows": res.flows, "omitted": res.omitted, "tracked": res.tracked,
+            "unchanged": res.unchanged, "refresh": refresh,
             "map_full": snap.stats.get(STATS.index("map_full"), 0),
             "drops": drops,
             "drops_delta": {k: v - self._drops.get(k, 0) for k, v in drops.items()
@@ -469,9 +558,11 @@ class Reporter:
 # ---------------------------------------------------------------------------------- collector
 
 def _netns_reader(proc_root: Path) -> Callable[[int], int]:
+    root = str(proc_root)
+
     def netns_of(pid: int) -> int:
         try:
-            return os.stat(proc_root / str(pid) / "ns" / "net").st_ino
+            return os.stat(f"{root}/{pid}/ns/net").st_ino  # (pathlib costs more than stat)
         except OSError:
             return 0  # the process is gone (or another pid namespace)
     return netns_of
@@ -496,20 +587,30 @@ class MapReader:
         self.batch = True  # until the kernel says otherwise (batch ops: Linux 5.6+)
 
     def read(self, delete: bool = False) -> list[tuple[bytes, bytes]]:
+        keys, values = self.read_packed(delete)
+        return list(zip(_split(keys, self.ksize), _split(values, self.vsize)))
+
+    def read_packed(self, delete: bool = False) -> tuple[bytes, bytes]:
+        """Every key, then every value, each packed in one bytes object, in the same order
+        (an `array` reads fixed-size ones at once)."""
         if self.batch:
             try:
-                return self._read_batch(delete)
+                n = self._read_batch(delete)
             except OSError as exc:
                 if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
                     raise
                 self.batch = False
+            else:  # copy out the entries read, not the whole buffer
+                return (ctypes.string_at(self.keys, self.ksize * n),
+                        ctypes.string_at(self.values, self.vsize * n))
         items = [(bytes(k), bytes(v)) for k, v in self.table.items()]
         if delete:
             for k, _ in items:
                 self.table.pop(self.table.Key.from_buffer_copy(k), None)
-        return items
+        return b"".join(k for k, _ in items), b"".join(v for _, v in items)
 
-    def _read_batch(self, delete: bool) -> list[tuple[bytes, bytes]]:
+    def _read_batch(self, delete: bool) -> int:
+        """Entries read into self.keys / self.values."""
         fn = self.lib.bpf_lookup_and_delete_batch if delete else self.lib.bpf_lookup_batch
         token, total = ctypes.c_uint32(0), 0
         while total < self.cap:
@@ -525,16 +626,19 @@ class MapReader:
                 raise OSError(err, f"bpf map batch read: {os.strerror(err)}")
             if count.value == 0:
                 break  # no progress: concurrent updates; the rest comes next interval
-        keys = self.keys.raw[:self.ksize * total]
-        values = self.values.raw[:self.vsize * total]
-        return [(keys[i * self.ksize:(i + 1) * self.ksize],
-                 values[i * self.vsize:(i + 1) * self.vsize]) for i in range(total)]
+        return total
+
+
+def _split(packed: bytes, size: int) -> list[bytes]:
+    return [packed[i:i + size] for i in range(0, len(packed), size)]
 
 
 def percpu_sums(reader: MapReader) -> dict[int, int]:
     """Per-CPU array index -> sum over CPUs (each value holds one u64 per possible CPU)."""
-    per_cpu = struct.Struct(f"={reader.vsize // 8}Q")
-    return {U32.unpack(k)[0]: sum(per_cpu.unpack(v)) for k, v in reader.read()}
+    keys, values = reader.read_packed()
+    per_cpu, ncpu = array("Q", values), reader.vsize // 8
+    return dict(zip(array("I", keys),
+                    (sum(per_cpu[i:i + ncpu]) for i in range(0, len(per_cpu), ncpu))))
 
 
 class TcpFlowsCollector(Collector):
@@ -629,8 +733,9 @@ class TcpFlowsCollector(Collector):
         self._config.epoch = (self._config.epoch + 1) & 0xFFFFFFFF
         b[b"config"][ctypes.c_int(0)] = self._config
         maps = self._maps
+        keys, values = maps["flows"].read_packed()  # u64 socket address -> struct flow
         snap = Snapshot(
-            live={FLOW_KEY.unpack(k)[0]: v for k, v in maps["flows"].read()},
+            live=dict(zip(array("Q", keys), _split(values, FLOW_LAYOUT.size))),
             closed=maps["closed"].read(delete=True),
             stats=percpu_sums(maps["stats"]),
             drop_slots=percpu_sums(maps["drops_by_reason"]),

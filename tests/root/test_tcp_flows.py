@@ -203,6 +203,61 @@ def test_reset_events_for_refused_connection(pair: Pair, collector_factory: Any)
     assert len(flows) == 1 and flows[0][1]["state"] == "CLOSE"
 
 
+HOLD = r"""
+import socket, sys
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+c = socket.create_connection(ls.getsockname())
+s, _ = ls.accept()
+print(ls.getsockname()[1], flush=True)
+for _ in sys.stdin:  # a line: move 1000 bytes; then idle until stdin closes
+    c.sendall(b"x" * 1000)
+    got = 0
+    while got < 1000:
+        got += len(s.recv(65536))
+    print("sent", flush=True)
+"""
+
+
+def test_idle_flow_is_listed_on_change_refresh_and_close(pair: Pair,
+                                                         collector_factory: Any) -> None:
+    proc = subprocess.Popen(["ip", "netns", "exec", pair.a, sys.executable, "-c", HOLD],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        port = int(proc.stdout.readline())
+        c = collector_factory(ports=[port], refresh_intervals=3)
+
+        def step(send: bool) -> dict[str, Any]:
+            if send:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                assert proc.stdout.readline().strip() == "sent"
+            time.sleep(0.3)  # the last (delayed) acks land before the read
+            return c.collect(time.time()).section
+
+        # the first exchange makes the kernel entries (a flow counts from then on)
+        secs = [step(send) for send in (True, True, False, False, False)]
+        proc.stdin.close()
+        assert proc.wait(timeout=10) == 0
+        time.sleep(0.2)
+        secs.append(c.collect(time.time()).section)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    listed = [[f for f in sec["flows"] if port in (f["sport"], f["dport"])] for sec in secs]
+    assert [sec["refresh"] for sec in secs] == [True, False, False, True, False, False]
+    assert [len(f) for f in listed] == [2, 2, 0, 2, 0, 2]  # new, moved, refresh, closed
+    moved = {f["sport"] == port: f for f in listed[1]}  # True: the accepted end
+    assert moved[False]["bytes_acked_delta"] == moved[True]["bytes_received_delta"] == 1000
+    # the kernel entries of an idle connection do not change between reads
+    assert secs[2]["unchanged"] >= 2 and secs[4]["unchanged"] >= 2
+    for f in listed[3]:
+        assert f["bytes_acked_delta"] == f["bytes_received_delta"] == 0
+        assert f["bytes_acked"] + f["bytes_received"] >= 1000
+    assert all(f["closed"] for f in listed[5])
+
+
 def cgroup2_mount() -> Path | None:
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         pre, _, post = line.partition(" - ")

@@ -12,14 +12,14 @@ from agent.collectors.tcp_flows import Options, cgroup_target, parse_options
 def test_defaults() -> None:
     opts = parse_options({})
     assert opts == Options()
-    assert (opts.max_flows, opts.max_report_flows) == (16384, 2048)
+    assert (opts.max_flows, opts.max_report_flows, opts.refresh_intervals) == (16384, 2048, 30)
     assert not opts.owner_filter
 
 
 def test_valid_values_are_normalised() -> None:
     opts = parse_options({"ports": [29500, 80, 29500], "pids": [7], "cgroup": "/sys/fs/cg/",
                           "max_flows": 64, "max_report_flows": 1, "retrans_burst": 0,
-                          "max_events": 0})
+                          "max_events": 0, "refresh_intervals": 1})
     assert opts.ports == (80, 29500)
     assert opts.pids == (7,)
     assert opts.cgroup == "/sys/fs/cg"
@@ -42,6 +42,8 @@ def test_valid_values_are_normalised() -> None:
     ("max_report_flows", 3001),
     ("retrans_burst", -1),
     ("max_events", "many"),
+    ("refresh_intervals", 0),
+    ("refresh_intervals", 86401),
     ("max_flow", 100),
 ])
 def test_bad_values_name_the_key(key: str, value: object) -> None:

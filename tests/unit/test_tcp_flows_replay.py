@@ -1,5 +1,6 @@
 """Decoding and per-interval logic on map entries captured from the real program
-(tests/fixtures/tcp_flows/capture.py: a scripted loopback exchange, one snapshot per step)."""
+(tests/fixtures/tcp_flows/capture.py: a scripted loopback exchange, one snapshot per step),
+replayed as they were and edited to what the kernel would hold in other cases."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from agent.collectors.tcp_flows import (
-    FlowEntry, Reporter, Snapshot, decode_event, detect_features, drop_counts, parse_options,
+    FLOW_LAYOUT, HOT_FIELDS, HOT_LAYOUT, FlowEntry, Reporter, Snapshot, decode_event,
+    detect_features, drop_counts, parse_options,
 )
 from c4.wire.kinds import validate_body
 
@@ -157,3 +159,120 @@ def test_drops_delta_between_reports(capture: dict[str, Any], fixtures: Path) ->
     for prev, cur, delta in zip(totals, totals[1:], deltas[1:]):
         assert delta == {k: v - prev.get(k, 0) for k, v in cur.items() if v != prev.get(k, 0)}
     assert totals[-1].get("NO_SOCKET", 0) >= 1  # the refused SYN
+
+
+# ------------------------------------------- changed-only reporting and the periodic refresh
+
+def sk_of(snap: Snapshot, sport: int) -> int:
+    return next(sk for sk, v in snap.live.items() if FlowEntry.decode(v).sport == sport)
+
+
+def without_rates(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if not k.endswith(("_delta", "_rate"))}
+
+
+def test_unchanged_flows_are_counted_not_listed(capture: dict[str, Any],
+                                                fixtures: Path) -> None:
+    rep = reporter(fixtures)
+    first = rep.report(snapshot(capture["snapshots"][0]), 1.0).section
+    assert first["refresh"] and len(first["flows"]) == 2 and first["unchanged"] == 0
+    again = rep.report(snapshot(capture["snapshots"][0]), 1.0).section  # nothing moved
+    assert again["flows"] == [] and not again["refresh"]
+    assert (again["unchanged"], again["tracked"], again["omitted"]) == (2, 2, 0)
+
+
+def test_only_the_flow_that_moved_is_listed(capture: dict[str, Any], fixtures: Path) -> None:
+    meta = capture["meta"]
+    s1, s2 = (snapshot(raw) for raw in capture["snapshots"][:2])
+    server = sk_of(s1, meta["port"])
+    s2.live[server] = s1.live[server]  # the server's entry as before: only the client moved
+    rep = reporter(fixtures)
+    rep.report(s1, 1.0)
+    sec = rep.report(s2, 0.5).section
+    [row] = sec["flows"]
+    assert (row["sport"], row["dport"]) == (meta["client_port"], meta["port"])
+    assert row["bytes_acked_delta"] == meta["second"] + 1
+    assert row["bytes_acked_rate"] == pytest.approx((meta["second"] + 1) / 0.5)
+    assert sec["unchanged"] == 1
+
+
+def test_refresh_lists_every_flow_with_zero_deltas(capture: dict[str, Any],
+                                                   fixtures: Path) -> None:
+    rep = reporter(fixtures, refresh_intervals=3)
+    secs = [rep.report(snapshot(capture["snapshots"][0]), 1.0).section for _ in range(7)]
+    assert [s["refresh"] for s in secs] == [True, False, False, True, False, False, True]
+    assert [len(s["flows"]) for s in secs] == [2, 0, 0, 2, 0, 0, 2]
+    assert [s["unchanged"] for s in secs] == [0, 2, 2, 0, 2, 2, 0]
+    first = {(f["sport"], f["dport"]): f for f in secs[0]["flows"]}
+    for row in secs[3]["flows"]:
+        assert without_rates(row) == without_rates(first[(row["sport"], row["dport"])])
+        assert row["bytes_acked_delta"] == row["bytes_received_delta"] == 0
+        assert row["bytes_acked_rate"] == row["bytes_received_rate"] == 0
+
+
+def test_omitted_flow_is_listed_next_time_even_if_idle(capture: dict[str, Any],
+                                                       fixtures: Path) -> None:
+    raw = capture["snapshots"][0]
+    rep = reporter(fixtures, max_report_flows=1)
+    first, second, third = (rep.report(snapshot(raw), 1.0).section for _ in range(3))
+    assert (first["omitted"], second["omitted"]) == (1, 0)
+    [a], [b] = first["flows"], second["flows"]
+    assert {(a["sport"], a["dport"]), (b["sport"], b["dport"])} == {
+        (capture["meta"]["port"], capture["meta"]["client_port"]),
+        (capture["meta"]["client_port"], capture["meta"]["port"])}
+    assert b["bytes_acked"] + b["bytes_received"] > 0  # its totals get through ...
+    assert b["bytes_acked_delta"] == b["bytes_received_delta"] == 0  # ... it was idle since
+    assert third["flows"] == [] and third["unchanged"] == 2
+
+
+def test_reused_socket_address_is_a_new_flow(capture: dict[str, Any], fixtures: Path) -> None:
+    rep = reporter(fixtures)
+    rep.report(snapshot(capture["snapshots"][0]), 1.0)
+    snap = snapshot(capture["snapshots"][0])
+    sk = sk_of(snap, capture["meta"]["port"])
+    e = FlowEntry.decode(snap.live[sk])
+    snap.live[sk] = FLOW_LAYOUT.pack(*e._replace(first_ns=e.first_ns + 1))
+    [row] = rep.report(snap, 1.0).section["flows"]
+    assert row["bytes_received_delta"] == row["bytes_received"] == e.bytes_received > 0
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["idle", "moved"])
+def test_flow_in_both_maps_is_listed_once_as_closed(capture: dict[str, Any], fixtures: Path,
+                                                    moved: bool) -> None:
+    snaps = [snapshot(raw) for raw in capture["snapshots"]]
+    rep = reporter(fixtures)
+    rep.report(snaps[0], 1.0)
+    if not moved:
+        rep.report(snaps[1], 1.0)
+    snaps[2].live = dict(snaps[1].live)  # the flows map read just before the close
+    sec = rep.report(snaps[2], 1.0).section
+    assert len(sec["flows"]) == 2 and all(f["closed"] for f in sec["flows"])
+    assert (sec["tracked"], sec["unchanged"]) == (2, 0)
+    assert rep.report(snaps[3], 1.0).section["flows"] == []
+
+
+def test_owner_seen_later_updates_the_row(capture: dict[str, Any], fixtures: Path) -> None:
+    meta = capture["meta"]
+    snap = snapshot(capture["snapshots"][0])
+    server = sk_of(snap, meta["port"])
+    e = FlowEntry.decode(snap.live[server])
+    early = snapshot(capture["snapshots"][0])  # before the accepted socket's first recv
+    early.live[server] = FLOW_LAYOUT.pack(*e._replace(pid=0, comm_raw=bytes(16)))
+    rep = reporter(fixtures, netns=77)
+    before = by_ports(rep.report(early, 1.0), meta["port"], meta["client_port"])
+    assert (before["pid"], before["comm"], before["netns"]) == (0, "", 0)
+    [after] = rep.report(snap, 1.0).section["flows"]
+    assert (after["pid"], after["comm"], after["netns"]) == (meta["pid"], meta["comm"], 77)
+    assert after["bytes_received_delta"] == 0
+
+
+def test_hot_layout_reads_the_same_fields(capture: dict[str, Any]) -> None:
+    distinct = FlowEntry._make(
+        [bytes([i]) * 16 if isinstance(v, bytes) else i
+         for i, v in enumerate(FlowEntry.decode(bytes(FLOW_LAYOUT.size)), start=1)])
+    raws = [FLOW_LAYOUT.pack(*distinct)] + [
+        bytes.fromhex(v) for s in capture["snapshots"]
+        for v in [*s["live"].values(), *(c for _, c in s["closed"])]]
+    for raw in raws:
+        e = FlowEntry.decode(raw)
+        assert HOT_LAYOUT.unpack(raw) == tuple(getattr(e, name) for name in HOT_FIELDS)

@@ -99,6 +99,8 @@ SECTION = Record(
         "drops_delta": Map(REASON, COUNTER, 512),
     },
     optional={
+        "unchanged": U32,
+        "refresh": Bool(),
         "unattributed": U32,
         "closed_lost": COUNTER,
         "events_lost": COUNTER,
@@ -106,10 +108,13 @@ SECTION = Record(
         "features": List(Str(32, r"[a-z0-9_]+"), 32),
     },
     doc={
-        "flows": "connections, the most active first (bytes moved this interval, then "
-                 "retransmits), at most `max_report_flows`",
-        "omitted": "flows tracked but not listed this interval (over `max_report_flows`); "
-                   "closed ones among them are forgotten unreported",
+        "flows": "connections whose counters, state, RTT or owner changed since the "
+                 "previous report, and closed ones; every tracked connection when `refresh` "
+                 "is true. At most `max_report_flows`: when more changed, the most active "
+                 "(bytes moved this interval, then retransmits)",
+        "omitted": "changed flows not listed this interval (over `max_report_flows`); each "
+                   "is listed in a later report even if idle by then, except closed ones, "
+                   "which are forgotten unreported",
         "tracked": "flows in the kernel map now, closed ones of this interval included",
         "map_full": "insertions refused because the flow map held `max_flows` entries "
                     "(since the agent started; every event of an untracked flow retries)",
@@ -117,6 +122,12 @@ SECTION = Record(
                  "and none: e.g. `NETFILTER_DROP`, `TCP_OFOMERGE`), since the agent started; "
                  "`OTHER` collects reasons >= 255",
         "drops_delta": "drops since the previous report, non-zero reasons only",
+        "unchanged": "tracked flows not listed because nothing changed since the previous "
+                     "report: their counters are as last listed, their deltas and rates 0 "
+                     "(0 when `refresh`)",
+        "refresh": "true when `flows` lists every tracked flow, changed or not (the first "
+                   "report, then every `refresh_intervals`-th): with `omitted` 0, a consumer "
+                   "may forget this host's flows that it does not list",
         "unattributed": "flows hidden because a `pids`/`cgroup` filter is set and their owner "
                         "is not known yet",
         "closed_lost": "closed flows lost because the closed-flow map was full",
