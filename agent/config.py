@@ -24,6 +24,10 @@ class AgentConfig:
                                   "are dropped and counted")
     resend_after: float = field(5.0, "seconds without an ack before unacked frames are resent")
     max_frame: int = field(1 << 20, "largest frame in bytes, sent or received")
+    validate_every: int = field(30, "check every Nth frame of each kind (and the first) against "
+                                    "the wire schema before sending; 1: every frame. The "
+                                    "aggregator checks all of them and answers errors, which "
+                                    "the agent logs")
     labels: dict[str, str] = field({}, "free-form labels sent in `hello` (rack, scheduler node name)")
     collectors: dict[str, Any] = field(
         {}, "`enabled` (list of collector names, default all) and one `[collectors.<name>]` "
@@ -37,6 +41,8 @@ class AgentConfig:
                               f"tcp://host:9465, got {self.aggregator!r}")
         if self.queue_max < 10:
             raise ConfigError(f"{where}queue_max: must be at least 10")
+        if self.validate_every < 1:
+            raise ConfigError(f"{where}validate_every: must be at least 1")
         if self.resend_after <= 0:
             raise ConfigError(f"{where}resend_after: must be positive")
         enabled = self.collectors.get("enabled", list(DEFAULT_ENABLED))

@@ -46,7 +46,8 @@ class Agent:
         self.stop_event = threading.Event()
         self.sender = Sender(cfg.aggregator, self.host, queue_max=cfg.queue_max,
                              resend_after=cfg.resend_after, max_frame=cfg.max_frame,
-                             record_path=record_path, clock=clock, log=log)
+                             record_path=record_path, validate_every=cfg.validate_every,
+                             clock=clock, log=log)
         self.sender.handlers["plan"] = self._on_plan
 
     # -- lifecycle ------------------------------------------------------------------------

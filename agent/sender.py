@@ -48,7 +48,8 @@ class SenderStats:
 class Sender:
     def __init__(self, endpoint: str, host: str, *, queue_max: int = 10000,
                  resend_after: float = 5.0, max_frame: int = wire.DEFAULT_MAX_FRAME,
-                 record_path: str | None = None, clock: Callable[[], float] = time.time,
+                 record_path: str | None = None, validate_every: int = 30,
+                 clock: Callable[[], float] = time.time,
                  log: logging.Logger | None = None, ctx: zmq.Context | None = None) -> None:
         self.endpoint = endpoint
         self.host = host
@@ -56,6 +57,7 @@ class Sender:
         self.queue_max = queue_max
         self.resend_after = resend_after
         self.max_frame = max_frame
+        self.validate_every = max(1, validate_every)
         self.clock = clock
         self.log = log or logging.getLogger("c4.agent.sender")
         self.stats = SenderStats()
@@ -101,8 +103,11 @@ class Sender:
         (a bug worth a log line, never worth crashing the agent)."""
         seq = self._seq + 1
         frame = Frame(kind, self.host, self.boot, seq, self.clock(), body, floor=self._floor(seq))
+        # Validating our own frames catches our bugs before the aggregator does, but costs as
+        # much as collecting a big report: the first frame of each kind and every Nth after it.
+        n = self.stats.by_kind.get(kind, 0)
         try:
-            data = wire.encode(frame)
+            data = wire.encode(frame, validate=n % self.validate_every == 0)
         except wire.Invalid as exc:
             self.stats.dropped_invalid += 1
             self.log.error("not sending an invalid %s frame: %s", kind, exc)
@@ -197,11 +202,21 @@ class Sender:
             self.stats.last_error = f"{frame.body['code']}: {frame.body['reason']}"
             self.log.error("aggregator rejected frame %s: %s", frame.body.get("ref_seq"),
                            self.stats.last_error)
+            self._forget(frame.body.get("ref_seq"))
         elif frame.kind in self.handlers:
             self.handlers[frame.kind](frame)
         else:
             self.stats.bad_replies += 1
             self.log.warning("unexpected %s frame from the aggregator", frame.kind)
+
+    def _forget(self, seq: int | None) -> None:
+        """A rejected frame will be rejected again: resending it would hold the queue's floor
+        (and the aggregator's ack) forever. Drop it; the aggregator counts it as lost."""
+        for p in self._queue:
+            if p.seq == seq:
+                self._queue.remove(p)
+                self.stats.dropped_invalid += 1
+                return
 
     def _on_ack(self, body: dict[str, Any]) -> None:
         if body["boot"] != self.boot:

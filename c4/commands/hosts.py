@@ -145,7 +145,11 @@ def flows_table(sec: dict[str, Any] | None) -> Table | None:
     if not flows:
         return None
     flows = sorted(flows, key=lambda f: -f.get("bytes_acked_delta", 0))
-    t = Table(title=f"TCP flows: {len(flows)} (busiest {min(len(flows), ROWS_SHOWN)})")
+    # The agent lists only flows that changed (plus a periodic full refresh): `tracked` counts
+    # all of them.
+    tracked = sec.get("tracked", len(flows))
+    t = Table(title=f"TCP flows: {tracked} tracked, {len(flows)} listed this interval "
+                    f"(busiest {min(len(flows), ROWS_SHOWN)})")
     for col in ("local", "remote", "pid/comm", "state", "tx B/s", "retrans", "srtt ms", "cwnd"):
         t.add_column(col, no_wrap=col in ("local", "remote"))
     for f in flows[:ROWS_SHOWN]:

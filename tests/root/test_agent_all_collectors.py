@@ -260,7 +260,7 @@ def test_agent_with_every_collector_through_aggregator_and_cli(
     assert human.returncode == 0, human.stderr
     text = human.stdout
     assert HOST in text and "mlx5_0/1" in text, text
-    assert f"TCP flows: {len(report['tcp_flows']['flows'])}" in text, text
+    assert f"TCP flows: {report['tcp_flows']['tracked']} tracked" in text, text
     assert f"verbs QPs: {len(report['verbs_qp']['qps'])}" in text, text
     assert f"{LQPN:#x}" in text and str(SPORT) in text, text  # the QP's row
     assert "Xid (PCI:0000:3b:00): 79" in text and "Link down" in text, text
