@@ -63,11 +63,15 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
     frames = 0
     start = None
     next_tick = None
+    offsets: dict[str, float] = {}  # host -> its clock minus the replay clock
     for data in record.read(path):
         frames += 1
-        ts = _peek_ts(data)
+        ts, host = _peek(data)
         if ts is not None:
-            now = ts if now is None else max(now, ts)
+            # Host clocks are skewed by seconds: a host's first frame arrives "now" (recordings
+            # are in arrival order) and from then on its own clock advances the replay clock.
+            off = offsets.setdefault(host, 0.0 if now is None else ts - now)
+            now = ts - off if now is None else max(now, ts - off)
         if now is None:
             continue  # nothing timestamped yet: a garbage prefix, counted as rejected below
         if start is None:
@@ -90,13 +94,17 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
         incidents=diag.incidents(None), jobs=diag.jobs(), stats=ingest.stats())
 
 
-def _peek_ts(data: bytes) -> float | None:
-    """The frame's timestamp if it is a well-formed envelope; ingest validates it properly."""
+def _peek(data: bytes) -> tuple[float | None, str]:
+    """The frame's timestamp and host if it is a well-formed envelope; ingest validates it."""
     import msgpack
 
     try:
         obj = msgpack.unpackb(data, raw=False, max_ext_len=0)
     except Exception:
-        return None
+        return None, ""
     ts = obj.get("ts") if isinstance(obj, dict) else None
-    return float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None
+    host = obj.get("host") if isinstance(obj, dict) else None
+    host = host if isinstance(host, str) else ""
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        return float(ts), host
+    return None, host

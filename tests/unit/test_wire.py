@@ -106,7 +106,7 @@ def test_direction_sets_cover_all_kinds() -> None:
     assert not kinds.FROM_AGENT & kinds.TO_AGENT
 
 
-def test_wire_doc_is_current() -> None:
-    out = subprocess.run([sys.executable, "-m", "c4.wire.doc", "--check"], capture_output=True,
+def test_generated_docs_are_current() -> None:
+    out = subprocess.run([sys.executable, "-m", "c4.docs", "--check"], capture_output=True,
                          text=True, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr

@@ -1,0 +1,174 @@
+"""C4D: detect, localise and record faults from the agents' reports (docs/diagnosis.md).
+
+`Diagnosis` is fed by ingest (every accepted frame, then a tick about every second) and read by
+the API thread; one lock guards both. All times are the aggregator's arrival clock, kept
+monotonic here; the only durations taken from a host are measured on that host.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections import Counter
+from typing import Any
+
+from c4.wire import Frame
+
+from .config import DiagnosisConfig
+from .counters import Counters
+from .findings import Finding
+from .hang import HangDetector
+from .hardware import Hardware
+from .incidents import Incidents
+from .model import Model
+from .slow import SlowDetector
+from .straggler import StragglerDetector
+
+__all__ = ["Diagnosis", "DiagnosisConfig"]
+
+
+class Diagnosis:
+    def __init__(self, db: sqlite3.Connection, cfg: DiagnosisConfig, topology: Any,
+                 actions: Any, log: logging.Logger) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.lock = threading.RLock()
+        self.model = Model(topology)
+        self.counters = Counters(cfg)
+        self.hang = HangDetector(cfg, self.model)
+        self.slow = SlowDetector(cfg, self.model, self.counters)
+        self.straggler = StragglerDetector(cfg)
+        self.hardware = Hardware(cfg, self.model)
+        self.store = Incidents(db, cfg, actions, log)
+        self.clock = 0.0
+        self.errors: Counter[str] = Counter()  # frames diagnosis could not use, by reason
+
+    @classmethod
+    def from_config(cls, db: sqlite3.Connection, cfg: DiagnosisConfig, topology: Any,
+                    actions: Any, log: logging.Logger) -> "Diagnosis":
+        return cls(db, cfg, topology, actions, log)
+
+    def _now(self, now: float) -> float:
+        self.clock = max(self.clock, now)
+        return self.clock
+
+    # -- inputs ---------------------------------------------------------------------------
+    def observe(self, frame: Frame, now: float) -> None:
+        with self.lock:
+            now = self._now(now)
+            try:
+                if frame.kind == "report":
+                    self._report(frame.host, frame.body, now)
+                elif frame.kind == "event":
+                    self._event(frame.host, frame.body, now)
+                elif frame.kind == "hello":
+                    self.model.on_hello(frame.host, frame.body)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                # Ingest validated the frame; a section we do not understand loses only itself.
+                self.errors[f"{frame.kind}:{type(exc).__name__}"] += 1
+                if self.errors[f"{frame.kind}:{type(exc).__name__}"] == 1:
+                    self.log.warning("diagnosis skipped a %s from %s: %r", frame.kind,
+                                     frame.host, exc)
+
+    def _report(self, host: str, body: dict[str, Any], now: float) -> None:
+        interval = float(body.get("interval") or self.model.host(host).interval or 1.0)
+        self.model.reported[host] = now
+        nccl = body.get("nccl")
+        if nccl:
+            for s in nccl.get("comms", []):
+                comm, rk = self.model.on_comm(host, s, interval, now)
+                self.slow.on_report(comm, rk, now)
+        rdma = body.get("rdma")
+        if rdma:
+            self.counters.on_rdma(host, rdma, interval)
+            self.hardware.on_rdma(host, rdma, now)
+        flows = body.get("tcp_flows")
+        if isinstance(flows, dict):
+            self.model.on_tcp_flows(host, flows)
+
+    def _event(self, host: str, body: dict[str, Any], now: float) -> None:
+        if body["type"] == "nccl_stall":
+            a = body["attrs"]
+            comm = self.model.comms.get(a["comm"])
+            rk = comm.ranks.get(a["rank"]) if comm else None
+            if rk is not None and rk.host == host:
+                rk.stall = a
+            return
+        self.hardware.on_event(host, body, now)
+
+    def host_silent(self, host: str, last_seen: float, now: float) -> None:
+        with self.lock:
+            self._now(now)
+            self.hardware.host_silent(host, last_seen)
+
+    def host_back(self, host: str, now: float) -> None:
+        with self.lock:
+            self._now(now)
+            self.hardware.host_back(host)
+
+    # -- evaluation -----------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        with self.lock:
+            now = self._now(now)
+            findings: list[Finding] = []
+            for comm in list(self.model.comms.values()):
+                comm.update_pace()
+                findings += self.hang.tick(comm, now)
+                findings += self.slow.tick(comm, now)
+                findings += self.straggler.tick(comm, now)
+                for r in comm.ranks.values():
+                    r.fresh = False
+            findings += self.hardware.tick(now)
+            # Hardware first: a symptom then joins the incident of its cause.
+            findings.sort(key=lambda f: f.cls.startswith("hw_") is False)
+            for f in findings:
+                self.store.report(f, now)
+            self.store.tick(now)
+            self.model.expire(now, self.cfg.comm_expire_intervals)
+
+    # -- queries (API thread) -------------------------------------------------------------
+    def incidents(self, state: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return self.store.list(state)
+
+    def incident(self, incident_id: int) -> dict[str, Any] | None:
+        with self.lock:
+            return self.store.get(incident_id)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self.lock:
+            now = self.clock
+            by_job: dict[str, list] = {}
+            for c in self.model.comms.values():
+                by_job.setdefault(c.job, []).append(c)
+            open_by_job: dict[str, list[int]] = {}
+            for inc in self.store.open():
+                if inc.job:
+                    open_by_job.setdefault(inc.job, []).append(inc.id)
+            out = []
+            for job in sorted(set(by_job) | set(self.model.flows)):
+                comms = by_job.get(job, [])
+                hosts = sorted({h for c in comms for h in c.hosts()} |
+                               set(self.model.flows.get(job, {})))
+                out.append({
+                    "job": job, "hosts": hosts,
+                    "ranks": max((c.nranks for c in comms), default=0),
+                    "comms": [self._comm_summary(c, now) for c in comms],
+                    "flows": sum(v[0] for v in self.model.flows.get(job, {}).values()),
+                    "open_incidents": sorted(open_by_job.get(job, [])),
+                })
+            return out
+
+    def _comm_summary(self, c: Any, now: float) -> dict[str, Any]:
+        stale = self.cfg.stale_intervals * c.interval
+        live = [r for r in c.ranks.values() if now - r.seen <= stale]
+        done = [r.seq_completed for r in live]
+        inflight = [r for r in live if r.inflight]
+        stalled = sum(1 for r in inflight
+                      if (r.inflight.get("progress_age_s") or 0) >= self.hang.threshold(c))
+        state = ("starting" if not done or max(done) == 0 else
+                 "stalled" if stalled else "running")
+        return {"comm": c.comm, "nranks": c.nranks, "ranks_reporting": len(live),
+                "hosts": len(c.hosts()), "state": state,
+                "seq_completed": [min(done), max(done)] if done else None,
+                "op_period_s": round(c.period, 4) if c.period else None}

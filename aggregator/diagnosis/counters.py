@@ -1,0 +1,49 @@
+"""RoCE NIC counters (rdma section) that corroborate slow connections: congestion (ECN marks,
+CNPs) and loss (out-of-sequence, sequence errors, ACK timeouts), judged against the other NICs
+of the same job in the same interval."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from c4.topology import endpoint
+
+from .config import DiagnosisConfig
+from .model import Cell, Comm
+from .stats import median
+
+RX = ("out_of_sequence", "packet_seq_err", "np_ecn_marked_roce_packets", "np_cnp_sent")
+TX = ("local_ack_timeout_err", "rp_cnp_handled")
+
+
+class Counters:
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        self.cfg = cfg
+        self.rates: dict[str, dict[str, float]] = {}  # NIC endpoint -> counter -> per second
+
+    def on_rdma(self, host: str, section: dict[str, Any], interval: float) -> None:
+        for port in section.get("ports", []):
+            rates = port.get("rates")
+            if rates is None:
+                deltas = port.get("deltas") or {}
+                rates = {k: v / interval for k, v in deltas.items()} if interval > 0 else {}
+            ep = endpoint(host, port["dev"])
+            self.rates[ep] = {k: float(v) for k, v in rates.items() if k in RX or k in TX}
+
+    def corroborate(self, comm: Comm, cells: Iterable[Cell]) -> dict[str, dict[str, float]]:
+        """Counters of the slow cells' ends that stand out against the job's NICs."""
+        nics = {r.nic for r in comm.ranks.values() if r.nic in self.rates}
+        if not nics:
+            return {}
+        base = {name: median([self.rates[n].get(name, 0.0) for n in nics]) for name in RX + TX}
+        out: dict[str, dict[str, float]] = {}
+        for c in cells:
+            for rank, names in ((c.src, TX), (c.dst, RX)):
+                rk = comm.ranks.get(rank)
+                rates = self.rates.get(rk.nic or "") if rk else None
+                if not rates:
+                    continue
+                for name in names:
+                    v = rates.get(name, 0.0)
+                    if v >= max(self.cfg.counter_min_rate, self.cfg.counter_ratio * base[name]):
+                        out.setdefault(rk.nic, {})[name] = round(v, 1)  # type: ignore[index]
+        return out

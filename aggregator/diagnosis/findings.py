@@ -1,0 +1,53 @@
+"""What detectors produce: a finding (one symptom, possibly localised) with ranked suspects.
+The incident manager (incidents.py) turns findings into deduplicated incidents."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# When symptoms of one fault meet in one incident, the most specific explanation names it.
+CLASS_RANK = {
+    "hw_xid": 0, "hw_nic_down": 0, "hw_link_flap": 0, "hw_pfc_storm": 0, "hw_aer": 0,
+    "host_silent": 1, "comm_hang": 2, "noncomm_hang": 2, "comm_slow": 3, "noncomm_slow": 3,
+}
+
+
+@dataclass
+class Suspect:
+    kind: str  # host | nic | link | rank | gpu
+    id: str
+    host: str | None = None
+    rank: int | None = None
+    confidence: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, "host": self.host, "rank": self.rank,
+                "confidence": round(self.confidence, 3)}
+
+
+@dataclass
+class Finding:
+    cls: str
+    job: str | None
+    comm: str | None
+    suspects: list[Suspect]
+    summary: str
+    evidence: dict[str, Any]
+    first_symptom: float
+    matrix: dict[str, Any] | None = None
+    hold_s: float | None = None  # resolution hold-down; None: the configured default
+    direct: bool = False  # a device reported it (no inference): localised at once
+    aliases: tuple[str, ...] = ()  # keys of components indistinguishable from the top suspect
+
+    @property
+    def top(self) -> Suspect | None:
+        return self.suspects[0] if self.suspects else None
+
+    @property
+    def scope(self) -> str:
+        """Dedupe key of an unlocalised symptom: one per class and communicator (or job)."""
+        return f"{self.cls}:{self.comm or self.job or '-'}"

@@ -1,0 +1,130 @@
+"""Hangs: a collective in flight with no progress for longer than the job's own pace allows.
+
+- Ranks that never entered the stalled op (seq behind) or stopped reporting are the culprits:
+  non-communication hang, named by host (each host with culprits is its own finding).
+- When every rank entered, the connections still in network wait (SendWait, no bytes) are the
+  stuck ones, and localise.py names their common NIC, link or path: communication hang.
+Durations come from each host (inflight.progress_age_s) plus the time since that report
+arrived on the aggregator's clock; no timestamps are compared across hosts."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Hashable
+
+from . import localise
+from .config import DiagnosisConfig
+from .findings import Finding, Suspect
+from .model import Comm, Model, Rank
+from .slow import matrix, to_suspect
+
+STUCK_SHARE = 0.5  # a send connection that spent this share of the interval in SendWait
+MAX_CULPRIT_HOSTS = 4  # beyond this, "everyone is behind someone": not localised
+
+
+class HangDetector:
+    def __init__(self, cfg: DiagnosisConfig, model: Model) -> None:
+        self.cfg = cfg
+        self.model = model
+
+    def threshold(self, comm: Comm) -> float:
+        return max(self.cfg.hang_floor_s, self.cfg.hang_op_factor * (comm.period or 0.0))
+
+    def tick(self, comm: Comm, now: float) -> list[Finding]:
+        stale = self.cfg.stale_intervals * comm.interval
+        live, missing = [], []  # missing: silent host, or the process ended
+        for r in comm.ranks.values():
+            (missing if now - r.seen > stale or self.model.exited(r) else live).append(r)
+        thr = self.threshold(comm)
+        ages = {r.rank: _age(r, now) for r in live if r.inflight}
+        stalled = [r for r in live if ages.get(r.rank, 0.0) >= thr]
+        if not stalled:
+            return []
+        wseq = max(r.inflight["seq"] for r in stalled)  # type: ignore[index]
+        # behind: stuck in an older op, or idle without having entered the stalled one
+        behind = [r for r in live
+                  if (r.inflight["seq"] < wseq if r.inflight else r.seq_completed < wseq)]
+        stalled_s = max(ages[r.rank] for r in stalled)
+        first = now - stalled_s
+        ev: dict[str, Any] = {"waiting_ranks": len(stalled), "live_ranks": len(live),
+                              "stalled_s": round(stalled_s, 2), "threshold_s": round(thr, 2),
+                              "seq": wseq, "func": stalled[0].inflight.get("func")}  # type: ignore[union-attr]
+        culprits = behind + missing
+        if culprits:
+            return self._noncomm(comm, culprits, missing, stalled, ev, first)
+        return [self._comm(comm, live, ev, first)]
+
+    def _noncomm(self, comm: Comm, culprits: list[Rank], missing: list[Rank],
+                 stalled: list[Rank], ev: dict[str, Any], first: float) -> list[Finding]:
+        by_host: dict[str, list[Rank]] = {}
+        for r in culprits:
+            by_host.setdefault(r.host, []).append(r)
+        pointed = Counter()  # stall events naming a culprit as the peer they wait on
+        culprit_ranks = {r.rank for r in culprits}
+        for r in stalled:
+            for w in (r.stall or {}).get("waiting", []):
+                if w["peer"] in culprit_ranks:
+                    pointed[w["peer"]] += 1
+        n_hosts = len(by_host)
+        gone_ids = {r.rank for r in missing}
+        out = []
+        for host, ranks in sorted(by_host.items(), key=lambda kv: kv[0]):
+            ranks.sort(key=lambda r: r.rank)
+            gone = [r.rank for r in ranks if r.rank in gone_ids]
+            conf = 0.9 if n_hosts <= 2 else 0.9 * 2 / n_hosts
+            if n_hosts > MAX_CULPRIT_HOSTS:
+                conf = min(conf, 0.5)
+            if any(pointed[r.rank] for r in ranks):
+                conf = min(0.99, conf + 0.05)
+            r0 = ranks[0]
+            seqs = [r.seq_completed for r in ranks if r.rank not in gone_ids]
+            e = dict(ev, culprit_ranks=[r.rank for r in ranks][:32], missing_ranks=gone[:32],
+                     suspect_seq_completed=min(seqs) if seqs else None,
+                     stall_events_pointing=sum(pointed[r.rank] for r in ranks))
+            how = "stopped reporting" if len(gone) == len(ranks) else "never entered"
+            summary = (f"rank {r0.rank} on {host} {how} {ev['func']} seq {ev['seq']}"
+                       f"{f' (+{len(ranks) - 1} more ranks there)' if len(ranks) > 1 else ''}; "
+                       f"{ev['waiting_ranks']} ranks wait on it for {ev['stalled_s']:.0f}s")
+            out.append(Finding("noncomm_hang", comm.job, comm.comm,
+                               [Suspect("host", host, host, r0.rank, conf)], summary, e, first))
+        return out
+
+    def _comm(self, comm: Comm, live: list[Rank], ev: dict[str, Any], first: float) -> Finding:
+        stuck: set[Hashable] = set()
+        share = STUCK_SHARE * comm.interval
+        for r in live:
+            for dst, (nbytes, net) in r.sends.items():
+                if nbytes == 0 and net >= share:
+                    stuck.add((r.rank, dst))
+            for w in (r.stall or {}).get("waiting", []):
+                if w["dir"] == "send" and w["state"] == "SendWait":
+                    stuck.add((r.rank, w["peer"]))
+        cells: dict[Hashable, list[localise.Component]] = {}
+        for key, c in comm.cells.items():
+            comps = self.model.components(comm, c)
+            if comps is not None:
+                cells[key] = comps
+        stuck &= set(cells)
+        ranked = localise.rank(stuck, cells) if stuck else []
+        top = ranked[0] if ranked else None
+        suspects = [to_suspect(h) for h in top.ranked()[:4]] if top else []
+        e = dict(ev, stuck_connections=sorted(f"{a}->{b}" for a, b in stuck)[:16])  # type: ignore[misc]
+        if top is not None:
+            e["aliases"] = top.aliases
+            e["connections_through_suspect"] = top.n_all
+        where = f"{top.kind} {top.id}" if top and top.posterior >= self.cfg.localise_confidence \
+            else "no single component (ambiguous)"
+        summary = (f"all {ev['live_ranks']} ranks entered {ev['func']} seq {ev['seq']} and no "
+                   f"data moved for {ev['stalled_s']:.0f}s; {len(stuck)} connection(s) stuck in "
+                   f"network wait; suspect: {where}")
+        return Finding("comm_hang", comm.job, comm.comm, suspects, summary, e, first,
+                       matrix=matrix(comm, top.bad) if top else None,
+                       aliases=tuple(top.aliases) if top else ())
+
+
+def _age(r: Rank, now: float) -> float:
+    inf = r.inflight or {}
+    age = inf.get("progress_age_s")
+    if age is None:
+        age = inf.get("age_s", 0.0)
+    return age + max(0.0, now - r.seen) if math.isfinite(age) else 0.0

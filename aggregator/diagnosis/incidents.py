@@ -1,0 +1,329 @@
+"""Incidents: findings deduplicated into one record per fault, stored in SQLite.
+
+A finding joins an open incident that already names the same component (its top suspect),
+or that covers the same unlocalised symptom (class + communicator), or that names the same
+host (an Xid and the hang it causes, a dead NIC and its stuck connections). The most specific
+explanation names the merged incident (hardware > silent host > hang > slow). An incident is
+localised once its top suspect has been confident for `localise_persist` evaluations (at once
+for directly reported hardware faults) and resolves when no symptom was seen for its hold-down.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import DiagnosisConfig
+from .findings import CLASS_RANK, Finding
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS incidents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    class TEXT NOT NULL,
+    state TEXT NOT NULL,
+    job TEXT,
+    comm TEXT,
+    summary TEXT NOT NULL,
+    suspects TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    matrix TEXT,
+    first_symptom REAL NOT NULL,
+    detected REAL NOT NULL,
+    localised REAL,
+    resolved REAL,
+    updated REAL NOT NULL,
+    actions TEXT NOT NULL,
+    keys TEXT NOT NULL,
+    last_active REAL NOT NULL,
+    hold_s REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS incidents_state ON incidents (state);
+"""
+_COLS = ("class", "state", "job", "comm", "summary", "suspects", "evidence", "matrix",
+         "first_symptom", "detected", "localised", "resolved", "updated", "actions", "keys",
+         "last_active", "hold_s")
+_JSON = ("suspects", "evidence", "matrix", "actions")
+
+
+@dataclass
+class Incident:
+    id: int
+    cls: str
+    state: str
+    job: str | None
+    comm: str | None
+    summary: str
+    suspects: list[dict[str, Any]]
+    evidence: dict[str, Any]
+    matrix: dict[str, Any] | None
+    first_symptom: float
+    detected: float
+    localised: float | None
+    resolved: float | None
+    updated: float
+    actions: list[dict[str, Any]]
+    keys: set[str]
+    last_active: float
+    hold_s: float
+    streak_key: str | None = None
+    streak: int = 0
+    support: dict[str, float] = field(default_factory=dict)  # suspect -> confidence its symptoms give
+    notified: tuple[str, float] | None = None
+    dirty: bool = field(default=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "class": self.cls, "state": self.state, "job": self.job,
+            "comm": self.comm, "summary": self.summary, "suspects": self.suspects,
+            "evidence": self.evidence, "matrix": self.matrix,
+            "first_symptom": self.first_symptom, "detected": self.detected,
+            "localised": self.localised, "resolved": self.resolved, "updated": self.updated,
+            "actions": self.actions,
+        }
+
+
+class Incidents:
+    def __init__(self, db: sqlite3.Connection, cfg: DiagnosisConfig, actions: Any,
+                 log: logging.Logger) -> None:
+        self.db = db
+        self.cfg = cfg
+        self.actions = actions
+        self.log = log
+        self.db.executescript(_SCHEMA)
+        self.db.commit()
+        self.mem: dict[int, Incident] = {}
+        self.index: dict[str, int] = {}  # key -> open incident id
+        for row in self.db.execute(
+                f"SELECT id, {', '.join(_COLS)} FROM incidents WHERE state != 'resolved' "
+                "ORDER BY id"):
+            inc = _from_row(row)
+            self.mem[inc.id] = inc
+            for k in inc.keys:
+                self.index[k] = inc.id
+
+    # -- findings in ----------------------------------------------------------------------
+    def report(self, f: Finding, now: float) -> Incident:
+        top = f.top
+        sure = self._sure(f)
+        host_key = f"host:{top.host}" if top is not None and top.host else None
+        # the component it names, else the same unlocalised symptom, else the same host
+        lookups = ([top.key] if top else []) + [f.scope] + ([host_key] if host_key else [])
+        inc = None
+        for k in lookups:
+            iid = self.index.get(k)
+            if iid is None or self.mem[iid].state == "resolved":
+                continue
+            cand = self.mem[iid]
+            if k == f.scope and self._confident(cand):
+                continue  # it names something already: this is another fault
+            inc = cand
+            break
+        if inc is None and not sure:  # a vague sign of a fault already named
+            inc = self._open_for([s.key for s in f.suspects] + list(f.aliases))
+        if inc is None:
+            inc = self._cause_of(f)
+        if inc is None:
+            inc = self._create(f, now)
+        vague = self._merge(inc, f, now, sure)
+        keys = {k for k in lookups if k}
+        if inc.localised is not None:
+            keys.discard(f.scope)
+        if vague:
+            return inc  # a vague guess neither claims components nor votes for the culprit
+        for k in keys - inc.keys:
+            inc.keys.add(k)
+            self.index[k] = inc.id
+        self._localise(inc, f, now)
+        return inc
+
+    def _sure(self, f: Finding) -> bool:
+        return f.top is not None and f.top.confidence >= self.cfg.localise_confidence
+
+    def _open_for(self, keys: list[str]) -> Incident | None:
+        for k in keys:
+            iid = self.index.get(k)
+            inc = self.mem.get(iid) if iid is not None else None
+            if inc is not None and inc.state != "resolved":
+                return inc
+        return None
+
+    def _cause_of(self, f: Finding) -> Incident | None:
+        """An open incident of a more specific class naming the finding's culprit, or any of
+        its suspects when none is confident: e.g. the connections of a flapping NIC look slow
+        and the slow-connection analysis cannot tell the NIC from its peer."""
+        top = f.top
+        for s in ([top] if self._sure(f) else f.suspects):
+            inc = self._open_for([s.key])
+            if inc is not None and CLASS_RANK[inc.cls] < CLASS_RANK[f.cls]:
+                return inc
+        return None
+
+    def _confident(self, inc: Incident) -> bool:
+        return bool(inc.suspects) and inc.suspects[0]["confidence"] >= self.cfg.localise_confidence
+
+    def _create(self, f: Finding, now: float) -> Incident:
+        hold = f.hold_s if f.hold_s is not None else self.cfg.resolve_hold_s
+        cur = self.db.execute(
+            f"INSERT INTO incidents ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})",
+            (f.cls, "open", f.job, f.comm, f.summary, "[]", "{}", None, f.first_symptom, now,
+             None, None, now, "[]", "[]", now, hold))
+        self.db.commit()
+        inc = Incident(int(cur.lastrowid), f.cls, "open", f.job, f.comm, f.summary, [], {},
+                       None, f.first_symptom, now, None, None, now, [], set(), now, hold)
+        self.mem[inc.id] = inc
+        self.log.warning("incident %d opened: %s: %s", inc.id, f.cls, f.summary)
+        return inc
+
+    def _merge(self, inc: Incident, f: Finding, now: float, sure: bool) -> bool:
+        """Fold the finding into the incident; True when it was only a vague sign of it."""
+        inc.last_active = now
+        inc.updated = now
+        inc.dirty = True
+        inc.first_symptom = min(inc.first_symptom, f.first_symptom)
+        hold = f.hold_s if f.hold_s is not None else self.cfg.resolve_hold_s
+        inc.hold_s = max(inc.hold_s, hold)
+        inc.job = inc.job or f.job
+        inc.comm = inc.comm or f.comm
+        new = [s.to_dict() for s in f.suspects]
+        # an unsure finding must not unseat a confident culprit, unless it explains it better
+        vague = not sure and self._confident(inc) and CLASS_RANK[f.cls] >= CLASS_RANK[inc.cls]
+        if not vague and (f.cls == inc.cls or CLASS_RANK[f.cls] < CLASS_RANK[inc.cls]):
+            old = {s["id"]: s for s in inc.suspects}
+            if f.cls != inc.cls:  # a more specific explanation takes over the incident
+                inc.evidence = {"symptoms": {inc.cls: inc.summary}}
+                self.log.warning("incident %d is %s (was %s)", inc.id, f.cls, inc.cls)
+                inc.cls = f.cls
+                for s in new:  # both explanations name it: as sure as the surer one
+                    if s["id"] in old:
+                        s["confidence"] = max(s["confidence"], old[s["id"]]["confidence"])
+                new += [dict(s, confidence=min(s["confidence"], 0.5)) for s in inc.suspects
+                        if s["id"] not in {n["id"] for n in new}][:3]
+            for s in new:
+                s["confidence"] = max(s["confidence"], inc.support.get(s["id"], 0.0))
+            symptoms = inc.evidence.get("symptoms")
+            inc.summary = f.summary
+            inc.evidence = dict(f.evidence, **({"symptoms": symptoms} if symptoms else {}))
+            inc.matrix = f.matrix or inc.matrix
+            inc.suspects = new
+        elif f.cls != inc.cls:  # a consequence of the incident's cause: recorded as a symptom
+            inc.evidence.setdefault("symptoms", {})[f.cls] = f.summary
+            if inc.matrix is None:
+                inc.matrix = f.matrix
+            if f.top and inc.suspects and inc.suspects[0]["id"] == f.top.id:
+                top = inc.suspects[0]
+                conf = round(f.top.confidence, 3)
+                inc.support[f.top.id] = max(inc.support.get(f.top.id, 0.0), conf)
+                top["confidence"] = max(top["confidence"], conf)
+        return vague
+
+    def _localise(self, inc: Incident, f: Finding, now: float) -> None:
+        top = inc.suspects[0] if inc.suspects else None
+        if top is None:
+            return
+        key = f"{top['kind']}:{top['id']}"
+        if top["confidence"] >= self.cfg.localise_confidence:
+            inc.streak = inc.streak + 1 if inc.streak_key == key else 1
+            inc.streak_key = key
+        elif inc.streak_key != key:  # a flicker of the same culprit keeps its streak
+            inc.streak, inc.streak_key = 0, None
+        need = 1 if f.direct and CLASS_RANK[f.cls] == CLASS_RANK[inc.cls] else \
+            self.cfg.localise_persist
+        if inc.localised is None and inc.streak >= need:
+            inc.localised = now
+            for k in [k for k in inc.keys if _is_scope(k)]:
+                inc.keys.discard(k)
+                if self.index.get(k) == inc.id:
+                    del self.index[k]
+            self.log.warning("incident %d localised: %s %s (confidence %.2f)", inc.id,
+                             top["kind"], top["id"], top["confidence"])
+        if inc.localised is not None and top["confidence"] >= self.cfg.localise_confidence:
+            self._act(inc, key, top["confidence"], now)
+
+    def _act(self, inc: Incident, key: str, conf: float, now: float) -> None:
+        if self.actions is None or inc.state == "resolved":
+            return
+        if inc.notified and inc.notified[0] == key and abs(inc.notified[1] - conf) < 0.1:
+            return
+        inc.notified = (key, conf)
+        try:
+            records = self.actions.on_incident(inc.to_dict(), now) or []
+        except Exception:  # an action backend bug must not stop diagnosis
+            self.log.exception("action runner failed on incident %d", inc.id)
+            return
+        inc.actions.extend(records)
+        if any(r.get("action") == "drain" and r.get("outcome") == "ok" and not r.get("dry_run")
+               for r in records):
+            inc.state = "mitigated"
+        inc.dirty = True
+
+    # -- time -----------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        for inc in list(self.mem.values()):
+            if inc.state != "resolved" and now - inc.last_active >= inc.hold_s:
+                inc.state = "resolved"
+                inc.resolved = inc.updated = now
+                inc.dirty = True
+                for k in inc.keys:
+                    if self.index.get(k) == inc.id:
+                        del self.index[k]
+                self.log.warning("incident %d resolved: no symptom for %.0fs", inc.id,
+                                 now - inc.last_active)
+        self.flush()
+        resolved = [i for i in self.mem.values() if i.state == "resolved"]
+        for inc in sorted(resolved, key=lambda i: i.id)[:max(0, len(resolved) - self.cfg.memory_incidents)]:
+            del self.mem[inc.id]
+
+    def flush(self) -> None:
+        dirty = [i for i in self.mem.values() if i.dirty]
+        if not dirty:
+            return
+        with self.db:
+            self.db.executemany(
+                f"UPDATE incidents SET {', '.join(c + ' = ?' for c in _COLS)} WHERE id = ?",
+                [_to_row(i) + (i.id,) for i in dirty])
+        for i in dirty:
+            i.dirty = False
+
+    # -- queries --------------------------------------------------------------------------
+    def list(self, state: str | None) -> list[dict[str, Any]]:
+        self.flush()
+        sql = f"SELECT id, {', '.join(_COLS)} FROM incidents"
+        rows = (self.db.execute(sql + " WHERE state = ? ORDER BY id DESC", (state,)) if state
+                else self.db.execute(sql + " ORDER BY id DESC"))
+        return [(self.mem.get(r[0]) or _from_row(r)).to_dict() for r in rows]
+
+    def get(self, iid: int) -> dict[str, Any] | None:
+        if iid in self.mem:
+            return self.mem[iid].to_dict()
+        row = self.db.execute(f"SELECT id, {', '.join(_COLS)} FROM incidents WHERE id = ?",
+                              (iid,)).fetchone()
+        return _from_row(row).to_dict() if row else None
+
+    def open(self) -> list[Incident]:
+        return [i for i in self.mem.values() if i.state != "resolved"]
+
+
+def _is_scope(key: str) -> bool:
+    return key.partition(":")[0] in CLASS_RANK
+
+
+def _to_row(i: Incident) -> tuple:
+    vals = {"class": i.cls, "state": i.state, "job": i.job, "comm": i.comm, "summary": i.summary,
+            "suspects": json.dumps(i.suspects), "evidence": json.dumps(i.evidence),
+            "matrix": json.dumps(i.matrix) if i.matrix is not None else None,
+            "first_symptom": i.first_symptom, "detected": i.detected, "localised": i.localised,
+            "resolved": i.resolved, "updated": i.updated, "actions": json.dumps(i.actions),
+            "keys": json.dumps(sorted(i.keys)), "last_active": i.last_active, "hold_s": i.hold_s}
+    return tuple(vals[c] for c in _COLS)
+
+
+def _from_row(row: tuple) -> Incident:
+    d = dict(zip(("id",) + _COLS, row))
+    for c in _JSON:
+        d[c] = json.loads(d[c]) if d[c] is not None else None
+    return Incident(d["id"], d["class"], d["state"], d["job"], d["comm"], d["summary"],
+                    d["suspects"], d["evidence"], d["matrix"], d["first_symptom"], d["detected"],
+                    d["localised"], d["resolved"], d["updated"], d["actions"],
+                    set(json.loads(d["keys"])), d["last_active"], d["hold_s"], dirty=False)

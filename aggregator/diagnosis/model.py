@@ -1,0 +1,255 @@
+"""The job model: hosts' NIC inventories, communicators and their ranks, current as comms come
+and go. Built only from what each host reports about itself, stamped with the aggregator's
+arrival clock; nothing compares timestamps across hosts."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from c4.topology import Topology, endpoint, pair_id
+
+from .localise import PRIO_ACCESS, PRIO_FABRIC, PRIO_HOST, PRIO_NIC, PRIO_PAIR, Component
+from .stats import median
+
+
+@dataclass
+class HostInfo:
+    interval: float = 1.0
+    nics: list[str] = field(default_factory=list)  # RDMA devices, rail order when known
+    netdev_dev: dict[str, str] = field(default_factory=dict)
+    pci_dev: dict[str, str] = field(default_factory=dict)
+    gpu_pci: list[str] = field(default_factory=list)
+
+
+PACE_REPORTS = 9
+
+
+class Rank:
+    __slots__ = ("rank", "host", "pid", "dev", "nic", "seen", "seq_started",
+                 "seq_completed", "inflight", "sends", "peers", "ew", "op", "strag", "stall",
+                 "fresh", "pace", "period")
+
+    def __init__(self, rank: int, host: str) -> None:
+        self.rank = rank
+        self.host = host
+        self.pid: int | None = None
+        self.dev: int | None = None
+        self.nic: str | None = None  # endpoint "host/dev" of the NIC it uses
+        self.seen = 0.0  # aggregator clock of its latest report
+        self.seq_started = 0
+        self.seq_completed = 0
+        self.inflight: dict[str, Any] | None = None
+        self.sends: dict[int, tuple[int, float]] = {}  # peer -> (bytes, net_wait_s), last report
+        self.peers: set[int] = set()
+        self.ew: float | None = None  # entry wait per op, last report
+        self.op: float | None = None  # collective duration per op, last report
+        self.strag: deque[bool] = deque()  # straggler pattern seen, per report
+        self.stall: dict[str, Any] | None = None  # latest nccl_stall attrs
+        self.fresh = False  # a report arrived since the last tick
+        self.pace: deque[float] = deque(maxlen=PACE_REPORTS)  # seconds per op, per report
+        self.period: float | None = None  # median of pace: a partial interval cannot move it
+
+
+class Cell:
+    """One rank -> peer send connection of a communicator (all channels together)."""
+
+    __slots__ = ("src", "dst", "value", "slow_value", "seen", "hist", "streak", "since",
+                 "path", "comps", "tag")
+
+    def __init__(self, src: int, dst: int) -> None:
+        self.src = src
+        self.dst = dst
+        self.value = 0.0  # network wait per byte (s/B), last report with data
+        self.slow_value = 0.0  # its value in the last report that was slow
+        self.seen = -1e18
+        self.hist = 0  # bit i: the report i reports ago was slow
+        self.streak = 0  # slow reports in the window
+        self.since = 0.0  # arrival of the first slow report of the current run
+        self.path: list[str] | None = None
+        self.comps: list[Component] = []
+        self.tag: tuple | None = None  # the endpoints `comps` was computed for
+
+
+class Comm:
+    def __init__(self, comm: str, job: str | None, nranks: int, now: float) -> None:
+        self.comm = comm
+        self.job = job or f"comm-{comm}"
+        self.nranks = nranks
+        self.ranks: dict[int, Rank] = {}
+        self.cells: dict[tuple[int, int], Cell] = {}
+        self.last_seen = now
+        self.interval = 1.0
+        self.period: float | None = None  # seconds per completed collective (update_pace)
+        self.baseline: tuple[float, float] | None = None  # (log s/B center, sigma)
+
+    def hosts(self) -> list[str]:
+        return sorted({r.host for r in self.ranks.values()})
+
+    def update_pace(self) -> None:
+        """The job's own pace: the median rank's median time between completed collectives."""
+        periods = [r.period for r in self.ranks.values() if r.period is not None]
+        if periods:
+            self.period = median(periods)
+
+
+class Model:
+    def __init__(self, topology: Topology | None) -> None:
+        self.topology = topology
+        self.hosts: dict[str, HostInfo] = {}
+        self.comms: dict[str, Comm] = {}
+        self.pids: dict[tuple[str, int], tuple[str, int]] = {}  # (host, pid) -> (comm, rank)
+        self.reported: dict[str, float] = {}  # host -> arrival of its latest report
+        self.flows: dict[str, dict[str, list[int]]] = {}  # job -> host -> [flows, retrans]
+
+    # -- hosts ----------------------------------------------------------------------------
+    def host(self, name: str) -> HostInfo:
+        info = self.hosts.get(name)
+        if info is None:
+            info = self.hosts[name] = HostInfo()
+            th = self.topology.hosts.get(name) if self.topology else None
+            if th is not None:
+                info.nics = [n.dev for n in th.nics]
+                info.netdev_dev = {n.netdev: n.dev for n in th.nics if n.netdev}
+                info.pci_dev = {n.pci: n.dev for n in th.nics if n.pci}
+                info.gpu_pci = list(th.gpu_pci)
+        return info
+
+    def on_hello(self, host: str, body: dict[str, Any]) -> None:
+        info = self.host(host)
+        info.interval = float(body.get("interval") or info.interval)
+        nics = []
+        for nic in body.get("nics", []):
+            rails = [p.get("rail") for p in nic.get("ports", []) if p.get("rail") is not None]
+            nics.append((rails[0] if rails else 1 << 20, len(nics), nic["dev"]))
+            for p in nic.get("ports", []):
+                if p.get("netdev"):
+                    info.netdev_dev[p["netdev"]] = nic["dev"]
+        if nics and not (self.topology and host in self.topology.hosts):
+            info.nics = [d for _, _, d in sorted(nics)]
+
+    def nic_endpoint(self, host: str, dev: int | None) -> str | None:
+        """The NIC a rank on CUDA device `dev` uses: the one on its rail (NCCL picks the
+        closest NIC; rail-optimised hosts pair GPU i with NIC i)."""
+        info = self.host(host)
+        if dev is None or not info.nics:
+            return None
+        return endpoint(host, info.nics[dev % len(info.nics)])
+
+    def nic_of_netdev(self, host: str, netdev: str | None) -> str | None:
+        dev = self.host(host).netdev_dev.get(netdev or "")
+        return endpoint(host, dev) if dev else None
+
+    # -- communicators --------------------------------------------------------------------
+    def on_comm(self, host: str, s: dict[str, Any], interval: float, now: float) -> tuple[Comm, Rank]:
+        comm = self.comms.get(s["comm"])
+        if comm is None:
+            comm = self.comms[s["comm"]] = Comm(s["comm"], s.get("job"), s["nranks"], now)
+        comm.last_seen = now
+        comm.interval = interval
+        if s.get("job") and comm.job.startswith("comm-"):
+            comm.job = s["job"]
+        rk = comm.ranks.get(s["rank"])
+        if rk is None or rk.host != host:
+            rk = comm.ranks[s["rank"]] = Rank(s["rank"], host)
+        if s.get("pid") is not None:
+            if rk.pid is not None and rk.pid != s["pid"]:
+                self.pids.pop((host, rk.pid), None)
+            rk.pid = s["pid"]
+            self.pids[(host, rk.pid)] = (comm.comm, rk.rank)
+        rk.dev = s.get("dev")
+        rk.nic = self.nic_endpoint(host, rk.dev)
+        rk.seen = now
+        rk.fresh = True
+        ops = sum(c["count"] for c in s["colls"])
+        if ops and interval > 0:
+            rk.pace.append(interval / ops)
+            rk.period = median(rk.pace)
+        rk.seq_started, rk.seq_completed = s["seq_started"], s["seq_completed"]
+        rk.inflight = s.get("inflight")
+        if rk.inflight is None:
+            rk.stall = None
+        sends: dict[int, list[float]] = {}
+        peers = set()
+        for p in s["peers"]:
+            peers.add(p["peer"])
+            if p["dir"] == "send":
+                acc = sends.setdefault(p["peer"], [0, 0.0])
+                acc[0] += p["bytes"]
+                acc[1] += p["net_wait_s"]
+        rk.peers = peers
+        rk.sends = {k: (int(v[0]), v[1]) for k, v in sends.items()}
+        eops = s.get("entry_ops") or 0
+        rk.ew = s.get("entry_wait_s", 0.0) / eops if eops else None
+        rk.op = sum(c["time_s"] for c in s["colls"]) / ops if ops else None
+        return comm, rk
+
+    def components(self, comm: Comm, cell: Cell) -> list[Component] | None:
+        """What the connection passes through (localise.py), None while an end is unknown."""
+        s, d = comm.ranks.get(cell.src), comm.ranks.get(cell.dst)
+        if s is None or d is None:
+            return None
+        tag = (s.host, s.nic, d.host, d.nic)
+        if cell.tag == tag:
+            return cell.comps
+        comps: list[Component] = [("host", s.host, s.host, PRIO_HOST)]
+        if d.host != s.host:
+            comps.append(("host", d.host, d.host, PRIO_HOST))
+        for nic, host in ((s.nic, s.host), (d.nic, d.host)):
+            if nic:
+                comps.append(("nic", nic, host, PRIO_NIC))
+        path = None
+        if self.topology is not None:
+            path = self.topology.path(s.host, d.host, _dev(s.nic), _dev(d.nic))
+        for link in path or ():
+            lk = self.topology.links.get(link) if self.topology else None
+            prio = PRIO_FABRIC if lk is not None and lk.kind == "fabric" else PRIO_ACCESS
+            comps.append(("link", link, None, prio))
+        if d.host != s.host:
+            comps.append(("link", pair_id(s.host, d.host), None, PRIO_PAIR))
+        cell.path, cell.comps, cell.tag = path, comps, tag
+        return comps
+
+    def exited(self, rk: Rank) -> bool:
+        """Its host reported since without it: the process ended (job killed or crashed)."""
+        return self.reported.get(rk.host, 0.0) > rk.seen
+
+    def rank_of_pid(self, host: str, pid: int | None) -> tuple[Comm, Rank] | None:
+        ref = self.pids.get((host, pid)) if pid is not None else None
+        comm = self.comms.get(ref[0]) if ref else None
+        rk = comm.ranks.get(ref[1]) if comm and ref else None
+        return (comm, rk) if comm and rk else None
+
+    def jobs_on_host(self, host: str) -> list[str]:
+        jobs = {c.job for c in self.comms.values() if any(r.host == host for r in c.ranks.values())}
+        jobs.update(j for j, hs in self.flows.items() if host in hs)
+        return sorted(jobs)
+
+    def expire(self, now: float, intervals: float) -> list[Comm]:
+        gone = [c for c in self.comms.values() if now - c.last_seen > intervals * c.interval]
+        for c in gone:
+            del self.comms[c.comm]
+            for r in c.ranks.values():
+                if r.pid is not None and self.pids.get((r.host, r.pid)) == (c.comm, r.rank):
+                    del self.pids[(r.host, r.pid)]
+        return gone
+
+    # -- TCP flows (jobs without the plugin, or its socket transport) ---------------------
+    def on_tcp_flows(self, host: str, section: dict[str, Any]) -> None:
+        """Attach flows to the job whose process owns them (pid -> rank on the same host)."""
+        per_job: dict[str, list[int]] = {}
+        for f in section.get("flows", []) or []:
+            ref = self.rank_of_pid(host, f.get("pid"))
+            if ref is None:
+                continue
+            acc = per_job.setdefault(ref[0].job, [0, 0])
+            acc[0] += 1
+            acc[1] += int(f.get("retrans_segs_delta", 0) or 0)
+        for hosts in self.flows.values():
+            hosts.pop(host, None)
+        for job, acc in per_job.items():
+            self.flows.setdefault(job, {})[host] = acc
+
+
+def _dev(nic: str | None) -> str | None:
+    return nic.rpartition("/")[2] if nic else None

@@ -1,0 +1,147 @@
+"""Communication slow: the per-connection latency matrix (network wait per byte of each
+rank -> peer send connection), robust outliers, and localisation of the persistent ones.
+
+Only the slow hop spends long in SendWait per byte; its victims wait for credit or for the
+GPU (peer_wait_s / gpu_wait_s), which this matrix ignores. Cells are judged on arrival
+against the baseline of the communicator computed at the previous tick (incremental: no
+batch pass over history)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Hashable
+
+from . import localise
+from .config import DiagnosisConfig
+from .counters import Counters
+from .findings import Finding, Suspect
+from .model import Cell, Comm, Model, Rank
+from .stats import lower_baseline, median
+
+FRESH_INTERVALS = 2.5  # a cell's sample counts in the baseline for this many intervals
+MATRIX_LABELS = 16
+
+
+class SlowDetector:
+    def __init__(self, cfg: DiagnosisConfig, model: Model, counters: Counters) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.counters = counters
+        self.mask = (1 << cfg.slow_window) - 1
+
+    def on_report(self, comm: Comm, rk: Rank, now: float) -> None:
+        base = comm.baseline
+        thr = None
+        if base is not None:
+            thr = base[0] + max(math.log(self.cfg.slow_ratio), self.cfg.slow_z * base[1])
+        for dst, (nbytes, net) in rk.sends.items():
+            key = (rk.rank, dst)
+            cell = comm.cells.get(key)
+            if cell is None:
+                cell = comm.cells[key] = Cell(rk.rank, dst)
+            if nbytes < self.cfg.min_cell_bytes:
+                continue  # no data this interval: neither slow nor healthy
+            cell.value = max(net, 1e-12) / nbytes
+            cell.seen = now
+            if thr is None:
+                continue
+            slow = math.log(cell.value) >= thr
+            if slow:
+                cell.slow_value = cell.value
+                if not cell.hist:
+                    cell.since = now
+            cell.hist = ((cell.hist << 1) | slow) & self.mask
+            cell.streak = bin(cell.hist).count("1")  # slow reports among the last window
+
+    def tick(self, comm: Comm, now: float) -> list[Finding]:
+        window = FRESH_INTERVALS * comm.interval
+        fresh = [c for c in comm.cells.values() if now - c.seen <= window]
+        if len(fresh) < self.cfg.min_cells:
+            comm.baseline = None
+            return []
+        comm.baseline = lower_baseline([math.log(c.value) for c in fresh])
+        bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist}
+        if not bad:
+            return []
+        # Cells slow now but not persistently, or elevated below the threshold, are neither
+        # evidence of health nor of a fault: a marginal fault flags only some of its cells.
+        doubt = comm.baseline[0] + 0.5 * math.log(self.cfg.slow_ratio)
+        cells: dict[Hashable, list[localise.Component]] = {}
+        for c in fresh:
+            key = (c.src, c.dst)
+            if key not in bad and (c.streak or math.log(c.value) >= doubt):
+                continue
+            comps = self.model.components(comm, c)
+            if comps is not None:
+                cells[key] = comps
+        bad &= set(cells)
+        if not bad:
+            return []
+        values = {k: comm.cells[k].slow_value for k in bad}  # type: ignore[index]
+        found, rest = localise.peel(bad, cells, self.cfg.localise_confidence, values,
+                                    self.cfg.slow_ratio)
+        out = [self._finding(comm, ranked, now) for ranked in found]
+        if rest:
+            out.append(self._finding(comm, rest, now))
+        return out
+
+    def _finding(self, comm: Comm, ranked: list[localise.Hypothesis], now: float) -> Finding:
+        top = ranked[0]
+        base_gb = math.exp(comm.baseline[0]) * 1e9 if comm.baseline else 0.0
+        vals = [comm.cells[k].slow_value * 1e9 for k in top.bad]
+        slow_gb = median(vals)
+        ratio = slow_gb / base_gb if base_gb else 0.0
+        suspects = [to_suspect(h) for h in top.ranked()[:4]]
+        conns = [f"{k[0]}->{k[1]}" for k in top.bad[:8]]
+        paths = {k: comm.cells[k].path for k in top.bad}
+        evidence: dict[str, Any] = {
+            "slow_connections": top.n_bad,
+            "connections_through_suspect": top.n_all,
+            "baseline_s_per_gb": round(base_gb, 5),
+            "slow_s_per_gb": round(slow_gb, 5),
+            "ratio": round(ratio, 2),
+            "connections": conns,
+            "aliases": top.aliases,
+            "paths_voting": localise.votes(top.bad, paths),
+            "counters": self.counters.corroborate(comm, [comm.cells[k] for k in top.bad]),
+        }
+        what = f"{top.kind} {top.id}" if top.posterior >= self.cfg.localise_confidence else \
+            "no single component (ambiguous)"
+        summary = (f"{top.n_bad} connection(s) move data at {ratio:.1f}x the job's network time "
+                   f"per byte ({slow_gb:.3f} vs {base_gb:.3f} s/GB); suspect: {what}")
+        if evidence["counters"]:
+            summary += "; NIC counters corroborate"
+        first = min(comm.cells[k].since for k in top.bad)
+        return Finding("comm_slow", comm.job, comm.comm, suspects, summary, evidence, first,
+                       matrix=matrix(comm, top.bad), aliases=tuple(top.aliases))
+
+
+def to_suspect(h: localise.Hypothesis) -> Suspect:
+    return Suspect(h.kind, h.id, h.host, None, h.posterior)
+
+
+def matrix(comm: Comm, focus_cells: list[Hashable]) -> dict[str, Any] | None:
+    """Seconds per GB around the suspect cells, for the terminal heatmap."""
+    if not focus_cells:
+        return None
+    worst = max(focus_cells, key=lambda k: comm.cells[k].value)
+    labels: list[int] = []
+    for src, dst in [worst] + list(focus_cells):  # type: ignore[misc]
+        for r in (src, dst):
+            if r not in labels and len(labels) < MATRIX_LABELS * 2 // 3:
+                labels.append(r)
+    for r in list(labels):  # healthy neighbours give the contrast
+        rk = comm.ranks.get(r)
+        for p in sorted(rk.peers) if rk else ():
+            if p not in labels and len(labels) < MATRIX_LABELS:
+                labels.append(p)
+    labels.sort()
+    idx = {r: i for i, r in enumerate(labels)}
+    cells: list[list[float | None]] = [[None] * len(labels) for _ in labels]
+    for (src, dst), c in comm.cells.items():
+        if src in idx and dst in idx and c.seen > -1e17:
+            cells[idx[src]][idx[dst]] = round(c.value * 1e9, 4)
+    names = []
+    for r in labels:
+        rk = comm.ranks.get(r)
+        names.append(f"{r}@{rk.host}" if rk else str(r))
+    return {"labels": names, "cells": cells, "focus": [idx[worst[0]], idx[worst[1]]]}  # type: ignore[index]

@@ -1,0 +1,834 @@
+"""`c4 sim`: a deterministic cluster simulator that writes what c4 agents would send.
+
+It models leaf-spine hosts running NCCL-like jobs (ring or double-binary-tree collectives,
+one NIC per GPU) at the granularity of report intervals, and writes:
+- `<out>`: a recording (c4/record.py) of wire frames, hello first per host, then one report
+  per host per interval (all its ranks' `nccl` comm summaries plus `rdma` port counters and a
+  `host` section), plus events (kmsg `xid`/`nic_link`/`pcie_aer`, rdma `port_state`/
+  `link_flap`, pfc `pause_storm`, nccl `nccl_stall`), in arrival order;
+- `<out>.truth.json`: the injected faults with the incident class and suspect C4D should
+  name, each host's clock skew, and the clean-run events (restarts, blips) for the bench;
+- `<out>.topology.json`: the topology with the learned paths of every connection.
+
+Each host's clock is offset by a random skew of up to `max_skew` seconds and its reports have
+their own phase: C4D must never compare timestamps across hosts. The model is coarse on
+purpose (2,048 ranks for minutes of simulated time generate in seconds) but keeps the causal
+structure C4D reads: only the slow hop shows network wait per byte, victims wait on credit;
+a late rank's peers wait at entry; a rank that stops calling collectives stays behind while
+the others sit in-flight; a dead NIC stops exactly its connections.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import record
+from .topology import Topology, endpoint, pair_id
+from .wire import Frame, encode
+
+
+class SimError(ValueError):
+    """A bad simulation parameter or fault spec; the message says which."""
+
+
+# kind -> (incident class C4D should raise, target syntax)
+FAULT_KINDS: dict[str, tuple[str, str]] = {
+    "slow-node": ("comm_slow", "HOST or HOST/DEV (one NIC)"),
+    "slow-link": ("comm_slow", "HOST,HOST (the path between two hosts)"),
+    "lossy-link": ("comm_slow", "LEAF-SPINE (a fabric link id)"),
+    "hang": ("noncomm_hang", "RANK (stops calling collectives)"),
+    "nic-down": ("hw_nic_down", "HOST/DEV"),
+    "straggler": ("noncomm_slow", "RANK (arrives late at every collective)"),
+    "xid": ("hw_xid", "RANK (Xid 79 on its GPU, then the rank hangs)"),
+    "link-flap": ("hw_link_flap", "HOST/DEV"),
+    "pfc-storm": ("hw_pfc_storm", "HOST/DEV"),
+    "aer": ("hw_aer", "HOST/DEV (uncorrected AER on that NIC)"),
+    "host-down": ("host_silent", "HOST (agent and ranks stop)"),
+}
+EPOCH = 1.7e9  # simulated time 0 as a wall clock (frames carry epoch seconds)
+RANK_KINDS = ("hang", "straggler", "xid")
+HANG_KINDS = ("hang", "xid", "nic-down", "host-down")  # stop collective progress
+COUNTERS = ("port_xmit_data", "port_rcv_data", "np_cnp_sent", "np_ecn_marked_roce_packets",
+            "rp_cnp_handled", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err",
+            "link_downed")
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    start: float
+    end: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> "Fault":
+        """KIND:TARGET@START[-END], e.g. `slow-link:node001,node002@30-90`."""
+        head, at, when = spec.partition("@")
+        kind, colon, target = head.partition(":")
+        if not colon or not at or not target:
+            raise SimError(f"fault {spec!r}: expected KIND:TARGET@START[-END]")
+        if kind not in FAULT_KINDS:
+            raise SimError(f"fault {spec!r}: unknown kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+        start_s, dash, end_s = when.partition("-")
+        try:
+            start = float(start_s)
+            end = float(end_s) if dash else None
+        except ValueError:
+            raise SimError(f"fault {spec!r}: START and END must be seconds") from None
+        if start < 0 or (end is not None and end <= start):
+            raise SimError(f"fault {spec!r}: need 0 <= START < END")
+        return cls(kind, target, start, end)
+
+    def active(self, t: float) -> bool:
+        return self.start <= t and (self.end is None or t < self.end)
+
+
+@dataclass
+class SimConfig:
+    hosts: int = 4
+    gpus_per_host: int = 4
+    leaves: int = 4
+    spines: int = 2
+    jobs: int = 1
+    collective: str = "ring"
+    channels: int = 0  # 0: one per GPU
+    step_time: float = 1.0
+    ops_per_step: int = 4
+    comm_fraction: float = 0.3
+    noise: float = 0.05
+    duration: float = 120.0
+    interval: float = 1.0
+    faults: list[Fault] = field(default_factory=list)
+    seed: int = 0
+    max_skew: float = 5.0
+    slowdown: float = 3.0
+    straggler_delay: float = 0.2
+    realism: bool = True
+    restart_at: list[float] = field(default_factory=list)
+    restart_downtime: float = 20.0
+    late_join: float = 8.0
+    stall_event_s: float = 5.0
+    nic_gbps: float = 400.0
+
+    def validate(self) -> None:
+        if self.collective not in ("ring", "tree"):
+            raise SimError(f"--collective: expected ring or tree, got {self.collective!r}")
+        if self.jobs < 1 or self.jobs > self.hosts:
+            raise SimError(f"--jobs: need 1..{self.hosts} (one host at least per job)")
+        if not 0.05 <= self.interval <= 60:
+            raise SimError("--interval: expected 0.05..60 seconds")
+        if self.duration < self.interval:
+            raise SimError("--duration: shorter than one interval")
+        if self.step_time <= 0 or self.ops_per_step < 1 or not 0 < self.comm_fraction < 1:
+            raise SimError("--step-time, ops per step and comm fraction must be positive")
+        if self.noise < 0 or self.slowdown < 1 or self.straggler_delay < 0 or self.max_skew < 0:
+            raise SimError("--noise, --slowdown (>= 1), --straggler-delay and skew must be >= 0")
+
+
+@dataclass
+class Conn:
+    """One send connection src -> dst on a channel (a NIC pair and its fabric path)."""
+
+    src: int
+    dst: int
+    channel: int
+    src_host: str
+    dst_host: str
+    src_dev: str
+    dst_dev: str
+    links: tuple[str, ...]
+    mult: float = 1.0  # this interval's network time per byte, relative to nominal
+    blip: float = 1.0  # transient congestion for one interval (clean-run realism)
+    stuck: bool = False  # its NIC or link is down: data in flight never completes
+
+
+class Incarnation:
+    """One run of a job (a communicator): created at launch, ended by a restart."""
+
+    def __init__(self, comm: str, start: float, join: dict[str, float], init_s: float) -> None:
+        self.comm = comm
+        self.start = start
+        self.join = join
+        self.ops_start = max(join.values()) + init_s
+        self.end: float | None = None
+        self.exit: dict[str, float] = {}
+        self.knots: list[tuple[float, float, float]] = [(self.ops_start, 0.0, 0.0)]  # (t, S, rate)
+        self.frozen_at: float | None = None  # S where progress stopped
+        self.stall_since: float | None = None
+        self.culprits: set[int] = set()  # ranks that did not enter the stalled op
+        self.stall_events: set[int] = set()
+
+    def S(self, t: float) -> float:
+        """Collective progress (ops completed, fractional) at true time t."""
+        if t < self.ops_start:
+            return 0.0
+        i = bisect.bisect_right(self.knots, (t, math.inf, math.inf)) - 1
+        t0, s0, rate = self.knots[max(i, 0)]
+        return s0 + (t - t0) * rate
+
+    def t_of(self, s: float) -> float:
+        """First time progress reached s (s must have been reached)."""
+        for t0, s0, rate in reversed(self.knots):
+            if s0 <= s:
+                return t0 + ((s - s0) / rate if rate > 0 else 0.0)
+        return self.ops_start
+
+
+class Job:
+    def __init__(self, index: int, hosts: list[str], topo: Topology, cfg: SimConfig) -> None:
+        self.index = index
+        self.id = f"train-{index}"
+        self.hosts = hosts
+        self.G = cfg.gpus_per_host
+        self.nranks = len(hosts) * self.G
+        self.host_of = [hosts[r // self.G] for r in range(self.nranks)]
+        self.topo = topo
+        self.cfg = cfg
+        channels = cfg.channels or max(2, self.G)
+        self.conns = self._build(channels, topo, cfg.collective)
+        self.send_of: list[list[Conn]] = [[] for _ in range(self.nranks)]
+        self.recv_of: list[list[Conn]] = [[] for _ in range(self.nranks)]
+        self.first_rank = {h: i * self.G for i, h in enumerate(hosts)}
+        self.tx_of: dict[str, list[Conn]] = {}  # NIC endpoint -> connections it sends
+        self.rx_of: dict[str, list[Conn]] = {}
+        nb: list[set[int]] = [set() for _ in range(self.nranks)]
+        for c in self.conns:
+            self.send_of[c.src].append(c)
+            self.recv_of[c.dst].append(c)
+            self.tx_of.setdefault(endpoint(c.src_host, c.src_dev), []).append(c)
+            self.rx_of.setdefault(endpoint(c.dst_host, c.dst_dev), []).append(c)
+            nb[c.src].add(c.dst)
+            nb[c.dst].add(c.src)
+        for r in range(self.nranks):  # NVLink neighbours inside the host also wait on r
+            if self.G > 1:
+                base = r - r % self.G
+                nb[r].update((base + (r + 1) % self.G, base + (r - 1) % self.G))
+            nb[r].discard(r)
+        self.nbrs = [sorted(s) for s in nb]
+        bw = cfg.nic_gbps * 1e9 / 8
+        self.t_net0 = cfg.step_time * cfg.comm_fraction / cfg.ops_per_step
+        self.t_compute = cfg.step_time * (1 - cfg.comm_fraction) / cfg.ops_per_step
+        self.conn_bytes = int(self.t_net0 * bw)
+        self.conn_steps = max(1, self.conn_bytes >> 19)
+        self.op_bytes = self.conn_bytes * channels
+        self.lat0 = 1.0 / bw  # seconds per byte at nominal speed
+        self.incs: list[Incarnation] = []
+        self.lateness = [0.0] * self.nranks
+        self.lmax = 0.0  # this interval's largest lateness
+        self.M = 1.0  # this interval's slowest connection multiplier
+        self.pids = {r: 20000 + 100 * index + r % self.G for r in range(self.nranks)}
+
+    def nic(self, r: int) -> str:
+        nics = self.topo.hosts[self.host_of[r]].nics
+        return nics[(r % self.G) % len(nics)].dev
+
+    def _build(self, channels: int, topo: Topology, collective: str) -> list[Conn]:
+        H, G = len(self.hosts), self.G
+        pairs: list[tuple[int, int, int]] = []
+        if H >= 2:
+            for c in range(channels):
+                if collective == "ring":
+                    g_in, g_out = c % G, (c - 1) % G
+                    for i in range(H):
+                        pairs.append((i * G + g_out, ((i + 1) % H) * G + g_in, c))
+                else:  # two binary trees over the hosts, the second shifted by half
+                    g = c % G
+                    order = list(range(H)) if c % 2 == 0 else [(i + H // 2) % H for i in range(H)]
+                    for pos in range(1, H):
+                        child, parent = order[pos], order[(pos - 1) // 2]
+                        pairs.append((child * G + g, parent * G + g, c))
+                        pairs.append((parent * G + g, child * G + g, c))
+        conns = []
+        for src, dst, ch in pairs:
+            sh, dh = self.host_of[src], self.host_of[dst]
+            sd, dd = self.nic(src), self.nic(dst)
+            links = topo.ecmp_route(sh, sd, dh, dd, salt=self.cfg.seed)
+            topo.set_path(endpoint(sh, sd), endpoint(dh, dd), links)
+            conns.append(Conn(src, dst, ch, sh, dh, sd, dd, tuple(links)))
+        return conns
+
+    def current(self, t: float) -> Incarnation | None:
+        for inc in reversed(self.incs):
+            if inc.start <= t:
+                return inc
+        return None
+
+
+class Simulator:
+    def __init__(self, cfg: SimConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.topo = Topology.leaf_spine(cfg.hosts, cfg.gpus_per_host, cfg.leaves, cfg.spines,
+                                        nic_gbps=cfg.nic_gbps)
+        names = list(self.topo.hosts)
+        per = -(-len(names) // cfg.jobs)
+        self.hosts = names
+        self.jobs = [Job(j, names[j * per:(j + 1) * per], self.topo, cfg)
+                     for j in range(cfg.jobs) if names[j * per:(j + 1) * per]]
+        self.job_of_host = {h: job for job in self.jobs for h in job.hosts}
+        self.skew = {h: round(self.rng.uniform(-cfg.max_skew, cfg.max_skew), 3) for h in names}
+        self.phase = {h: self.rng.uniform(0, cfg.interval) for h in names}
+        self.boot = {h: f"{self.rng.getrandbits(48):012x}" for h in names}
+        self.seq = {h: 0 for h in names}
+        self.last_arrival: dict[str, float] = {}
+        self.counters = {(h, n.dev): dict.fromkeys(COUNTERS, 0)
+                         for h in names for n in self.topo.hosts[h].nics}
+        self.faults = [self._check(f) for f in cfg.faults]
+        self.clean_events: list[dict[str, Any]] = []
+        self.blips: dict[int, list[tuple[str, Any]]] = {}
+        self._plan_realism()
+        for job in self.jobs:
+            self._launch(job, 0.0, late=cfg.realism)
+        self.frames = 0
+
+    # -- setup ------------------------------------------------------------------------------
+    def _check(self, f: Fault) -> Fault:
+        hosts = self.topo.hosts
+        if f.kind in RANK_KINDS:
+            if not f.target.isdigit() or int(f.target) >= len(hosts) * self.cfg.gpus_per_host:
+                raise SimError(f"fault {f.kind}: target {f.target!r} is not a rank of this cluster")
+            if self.rank_ref(int(f.target))[0] is None:
+                raise SimError(f"fault {f.kind}: rank {f.target} runs no job")
+        elif f.kind == "slow-link":
+            pair = f.target.split(",")
+            if len(pair) != 2 or not all(p in hosts for p in pair) or pair[0] == pair[1]:
+                raise SimError(f"fault slow-link: target {f.target!r} is not HOST,HOST")
+        elif f.kind == "lossy-link":
+            if f.target not in self.topo.links or self.topo.links[f.target].kind != "fabric":
+                raise SimError(f"fault lossy-link: {f.target!r} is not a fabric link")
+        elif f.kind in ("nic-down", "link-flap", "pfc-storm", "aer") or "/" in f.target:
+            h, _, dev = f.target.partition("/")
+            if h not in hosts or hosts[h].nic(dev) is None:
+                raise SimError(f"fault {f.kind}: {f.target!r} is not HOST/DEV of a NIC")
+        elif f.target not in hosts:
+            raise SimError(f"fault {f.kind}: {f.target!r} is not a host")
+        return f
+
+    def rank_ref(self, gindex: int) -> tuple[Job | None, int]:
+        """A global GPU index (host index * gpus + gpu) -> (job, rank in that job)."""
+        host = self.hosts[gindex // self.cfg.gpus_per_host]
+        job = self.job_of_host.get(host)
+        if job is None:
+            return None, -1
+        return job, job.hosts.index(host) * job.G + gindex % self.cfg.gpus_per_host
+
+    def _plan_realism(self) -> None:
+        """Clean-run noise that must not raise incidents: one-off slow steps, transient
+        congestion on one connection, one rank late for one op (GC pause)."""
+        if not self.cfg.realism:
+            return
+        n = int(self.cfg.duration / self.cfg.interval)
+        per_h = self.cfg.interval / 3600.0
+        for k in range(n):
+            for kind, rate in (("slow_step", 30), ("conn_blip", 60), ("rank_blip", 30)):
+                if self.rng.random() >= rate * per_h:
+                    continue
+                job = self.rng.choice(self.jobs)
+                if kind == "conn_blip" and not job.conns:
+                    continue
+                arg = (self.rng.randrange(len(job.conns)) if kind == "conn_blip" else
+                       self.rng.randrange(job.nranks) if kind == "rank_blip" else None)
+                self.blips.setdefault(k, []).append((kind, (job.index, arg)))
+                self.clean_events.append({"kind": kind, "t": k * self.cfg.interval,
+                                          "job": job.id})
+
+    def _launch(self, job: Job, t: float, late: bool) -> None:
+        rng = self.rng
+        join = {}
+        for h in job.hosts:
+            join[h] = t + (rng.uniform(0, self.cfg.late_join) if late and rng.random() < 0.25
+                           else rng.uniform(0, 0.5))
+        comm = f"{rng.getrandbits(64):016x}"
+        job.incs.append(Incarnation(comm, t, join, init_s=2.0))
+
+    # -- truth --------------------------------------------------------------------------------
+    def truth(self) -> dict[str, Any]:
+        out = []
+        for f in self.faults:
+            cls, _ = FAULT_KINDS[f.kind]
+            item: dict[str, Any] = {"kind": f.kind, "target": f.target, "start": f.start,
+                                    "end": f.end, "class": cls}
+            item.update(self._suspect(f))
+            out.append(item)
+        return {
+            "faults": out,
+            "epoch": EPOCH,
+            "clock_skew": self.skew,
+            "clean_events": self.clean_events,
+            "jobs": [{"id": j.id, "hosts": j.hosts, "nranks": j.nranks,
+                      "comms": [i.comm for i in j.incs]} for j in self.jobs],
+            "config": {k: v for k, v in self.cfg.__dict__.items() if k != "faults"},
+        }
+
+    def _suspect(self, f: Fault) -> dict[str, Any]:
+        t = f.target
+        if f.kind in RANK_KINDS:
+            job, r = self.rank_ref(int(t))
+            assert job is not None
+            host = job.host_of[r]
+            if f.kind == "xid":
+                pci = xid_pci(self.topo.hosts[host].gpu_pci[r % job.G])
+                return {"suspect": {"kind": "gpu", "id": f"{host}/{pci}", "host": host},
+                        "job": job.id, "rank": r}
+            kind, sid = ("host", host) if f.kind == "hang" else ("rank", str(r))
+            return {"suspect": {"kind": kind, "id": sid, "host": host}, "job": job.id, "rank": r}
+        if f.kind == "slow-link":
+            a, b = t.split(",")
+            return {"suspect": {"kind": "link", "id": pair_id(a, b), "host": None},
+                    "job": self._job_id(a)}
+        if f.kind == "lossy-link":
+            return {"suspect": {"kind": "link", "id": t, "host": None}, "job": None,
+                    "connections": sum(t in c.links for j in self.jobs for c in j.conns)}
+        host = t.partition("/")[0]
+        kind = "nic" if "/" in t else "host"
+        return {"suspect": {"kind": kind, "id": t, "host": host}, "job": self._job_id(host)}
+
+    def _job_id(self, host: str) -> str | None:
+        job = self.job_of_host.get(host)
+        return job.id if job else None
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self, out: str | Path) -> dict[str, Any]:
+        out = Path(out)
+        if out.exists():
+            out.unlink()
+        pending: list[tuple[float, int, bytes]] = []
+        n = int(round(self.cfg.duration / self.cfg.interval))
+        order = 0
+        with record.Writer(out) as w:
+            for h in self.topo.hosts:
+                pending.append((self.phase[h] - self.cfg.interval + 0.001, order,
+                                self._frame(h, "hello", self._hello(h),
+                                            self.phase[h] - self.cfg.interval)))
+                order += 1
+            for k in range(n):
+                t0 = k * self.cfg.interval
+                for kind, arg in self.blips.get(k, []):
+                    self._apply_blip(kind, arg)
+                for job in self.jobs:
+                    self._advance(job, k, t0, t0 + self.cfg.interval)
+                for arrival, data in self._interval(k, t0):
+                    pending.append((arrival, order, data))
+                    order += 1
+                pending.sort()
+                cut = bisect.bisect_left(pending, (t0 + self.cfg.interval, -1, b""))
+                for _, _, data in pending[:cut]:
+                    w.write(data)
+                del pending[:cut]
+                for job in self.jobs:
+                    job.lateness = [0.0] * job.nranks
+            for _, _, data in sorted(pending):
+                w.write(data)
+        Path(f"{out}.truth.json").write_text(json.dumps(self.truth(), indent=1))
+        self.topo.save(f"{out}.topology.json")
+        return {"frames": self.frames, "hosts": len(self.topo.hosts),
+                "ranks": sum(j.nranks for j in self.jobs), "duration": self.cfg.duration}
+
+    def _apply_blip(self, kind: str, arg: tuple[int, Any]) -> None:
+        job = self.jobs[arg[0]]
+        if kind == "conn_blip":
+            job.conns[arg[1]].blip = 3.0
+        elif kind == "rank_blip":
+            job.lateness[arg[1]] += 0.4
+
+    # -- progress model -----------------------------------------------------------------------
+    def _advance(self, job: Job, k: int, t0: float, t1: float) -> None:
+        """Extend the job's progress curve over [t0, t1): restarts, fault effects, freezes."""
+        cfg = self.cfg
+        for tr in cfg.restart_at:
+            if t0 <= tr < t1:
+                self._restart(job, tr)
+        faults = [f for f in self.faults if f.active(t0) or (t0 <= f.start < t1)]
+        for c in job.conns:
+            m = c.blip
+            c.blip = 1.0
+            if cfg.noise:
+                m *= math.exp(self.rng.gauss(0.0, cfg.noise))
+            for f in faults:
+                m *= self._conn_fault(f, c)
+            c.mult = m
+            c.stuck = any(self._conn_stuck(f, c) for f in faults if f.kind == "nic-down")
+        for f in faults:
+            if f.kind == "straggler":
+                fj, r = self.rank_ref(int(f.target))
+                if fj is job:
+                    job.lateness[r] += cfg.straggler_delay
+        job.M = max((c.mult for c in job.conns), default=1.0)
+        job.lmax = max(job.lateness)
+        slow_step = any(kind == "slow_step" and arg[0] == job.index
+                        for kind, arg in self.blips.get(k, []))
+        period = job.t_compute * (3.0 if slow_step else 1.0) + job.lmax + job.t_net0 * job.M
+        for inc in job.incs:
+            if inc.start < t1 and (inc.end is None or inc.end > t0):
+                self._progress(job, inc, t0, t1, 1.0 / period)
+
+    def _progress(self, job: Job, inc: Incarnation, t0: float, t1: float, rate: float) -> None:
+        lo = max(t0, inc.ops_start)
+        hi = min(t1, inc.end) if inc.end is not None else t1
+        if lo >= hi:
+            return
+        hangs = [f for f in self.faults if f.kind in HANG_KINDS and self._hits_job(f, job)]
+        active = [f for f in hangs if f.active(lo)]
+        starting = [f for f in hangs if lo < f.start < hi]
+        if inc.frozen_at is not None:
+            if not active and not starting:  # healed: the stuck op completes, work goes on
+                inc.knots.append((lo, inc.frozen_at, rate))
+                inc.frozen_at = inc.stall_since = None
+                inc.culprits.clear()
+                inc.stall_events.clear()
+            return
+        inc.knots.append((lo, inc.S(lo), rate))
+        if active or starting:
+            tf = max(lo, min(f.start for f in active + starting))
+            self._freeze(job, inc, tf, active + starting, rate)
+        elif inc.end is not None and inc.end < t1:
+            inc.knots.append((inc.end, inc.S(inc.end), 0.0))
+
+    def _freeze(self, job: Job, inc: Incarnation, tf: float, faults: list[Fault],
+                rate: float) -> None:
+        cf = job.t_compute / (job.t_compute + job.t_net0)
+        s = inc.S(tf)
+        base, frac = math.floor(s), s - math.floor(s)
+        noncomm = any(f.kind != "nic-down" for f in faults)
+        if noncomm:  # the op in flight completes, then the culprit never enters the next
+            stop = base + (1 if frac >= cf else 0) + cf
+        else:  # everyone enters; the dead NIC's connections never complete
+            stop = base + cf if frac < cf else s
+        t_stop = tf + (stop - s) / rate
+        inc.knots.append((t_stop, stop, 0.0))
+        inc.frozen_at, inc.stall_since = stop, t_stop
+        for f in faults:
+            if f.kind in ("hang", "xid"):
+                fj, r = self.rank_ref(int(f.target))
+                if fj is job:
+                    inc.culprits.add(r)
+            elif f.kind == "host-down":
+                inc.culprits.update(r for r in range(job.nranks) if job.host_of[r] == f.target)
+
+    def _restart(self, job: Job, tr: float) -> None:
+        inc = job.current(tr)
+        if inc is not None and inc.end is None:
+            inc.end = tr
+            inc.exit = {h: tr + self.rng.uniform(0, 1.0) for h in job.hosts}
+        self._launch(job, tr + self.cfg.restart_downtime, late=True)
+        self.clean_events.append({"kind": "restart", "t": tr, "job": job.id})
+
+    def _hits_job(self, f: Fault, job: Job) -> bool:
+        if f.kind in RANK_KINDS:
+            return self.rank_ref(int(f.target))[0] is job
+        host = f.target.partition("/")[0]
+        if f.kind == "nic-down":
+            return any(self._conn_stuck(f, c) for c in job.conns)
+        return host in job.hosts
+
+    def _conn_fault(self, f: Fault, c: Conn) -> float:
+        x = self.cfg.slowdown
+        if f.kind == "slow-node":
+            if "/" in f.target:
+                return x if f.target in (f"{c.src_host}/{c.src_dev}", f"{c.dst_host}/{c.dst_dev}") else 1.0
+            return x if f.target in (c.src_host, c.dst_host) else 1.0
+        if f.kind == "slow-link":
+            return x if _pair_hit(f, c) else 1.0
+        if f.kind == "lossy-link":
+            return x if f.target in c.links else 1.0
+        if f.kind in ("pfc-storm", "link-flap") and self._conn_stuck(f, c):
+            return 1.0 + (x - 1.0) / 2
+        return 1.0
+
+    @staticmethod
+    def _conn_stuck(f: Fault, c: Conn) -> bool:
+        return f.target in (f"{c.src_host}/{c.src_dev}", f"{c.dst_host}/{c.dst_dev}")
+
+    # -- frames -------------------------------------------------------------------------------
+    def _frame(self, host: str, kind: str, body: dict[str, Any], t: float) -> bytes:
+        self.seq[host] += 1
+        self.frames += 1
+        ts = max(0.0, round(t + EPOCH + self.skew[host], 6))
+        # Validating every report costs more than generating it; each host's first few and
+        # every hello/event are validated, and a replay validates all of them on decode.
+        check = kind != "report" or self.seq[host] <= 3
+        return encode(Frame(kind, host, self.boot[host], self.seq[host], ts, body), check)
+
+    def _hello(self, host: str) -> dict[str, Any]:
+        h = self.topo.hosts[host]
+        return {
+            "agent_version": "0.1.0-sim", "interval": self.cfg.interval,
+            "collectors": {c: {"ok": True} for c in ("host", "rdma", "kmsg", "pfc", "nccl")},
+            "nics": [{"dev": n.dev, "ports": [{"port": 1, "state": "ACTIVE",
+                                               "link_layer": "Ethernet", "rate_gbps": n.gbps,
+                                               "netdev": n.netdev, "rail": n.rail}]}
+                     for n in h.nics],
+            "labels": {"leaf": h.nics[0].leaf, "sim": "1"},
+        }
+
+    def _interval(self, k: int, t0: float) -> Iterator[tuple[float, bytes]]:
+        """Every frame whose true send time falls in [t0, t0 + interval), each host's in its
+        send order (one connection: frames of a host arrive in seq order)."""
+        cfg = self.cfg
+        for host in self.topo.hosts:
+            t = t0 + self.phase[host]
+            if self._host_down(host, t):
+                continue
+            out: list[tuple[float, str, dict[str, Any]]] = []
+            if self._host_back(host, t):
+                self.boot[host] = f"{self.rng.getrandbits(48):012x}"
+                self.seq[host] = 0
+                out.append((t - 0.01, "hello", self._hello(host)))
+            out += [(et, "event", ev) for et, ev in self._events(host, t0, t0 + cfg.interval)]
+            out.append((t, "report", self._report(host, t, k)))
+            out.sort(key=lambda x: x[0])
+            arrival = self.last_arrival.get(host, -1e9)
+            for ts, kind, body in out:
+                arrival = max(arrival + 1e-4, ts + self.rng.uniform(0.001, 0.02))
+                yield arrival, self._frame(host, kind, body, ts)
+            self.last_arrival[host] = arrival
+
+    def _host_down(self, host: str, t: float) -> bool:
+        return any(f.kind == "host-down" and f.target == host and f.active(t) for f in self.faults)
+
+    def _host_back(self, host: str, t: float) -> bool:
+        return any(f.kind == "host-down" and f.target == host and f.end is not None
+                   and f.end <= t < f.end + self.cfg.interval for f in self.faults)
+
+    def _report(self, host: str, t: float, k: int) -> dict[str, Any]:
+        cfg = self.cfg
+        body: dict[str, Any] = {
+            "interval": round(cfg.interval + self.rng.uniform(-0.002, 0.002), 4),
+            "health": {c: {"ok": True} for c in ("host", "rdma", "kmsg", "pfc", "nccl")},
+            "host": {"cpu_pct": round(self.rng.uniform(30, 60) * 16, 1), "load1": 40.0,
+                     "mem_used_bytes": 600 << 30, "mem_total_bytes": 2048 << 30,
+                     "uptime_s": 86400.0 + t},
+        }
+        traffic: dict[str, list[int]] = {n.dev: [0, 0] for n in self.topo.hosts[host].nics}
+        job = self.job_of_host.get(host)
+        comms = []
+        if job is not None:
+            inc = job.current(t)
+            if inc is not None and inc.join[host] <= t and (inc.end is None or t < inc.exit[host]):
+                comms = self._comms(job, inc, host, t, traffic)
+        body["nccl"] = {"comms": comms}
+        body["rdma"] = {"ports": self._ports(host, t, traffic)}
+        return body
+
+    def _comms(self, job: Job, inc: Incarnation, host: str, t: float,
+               traffic: dict[str, list[int]]) -> list[dict[str, Any]]:
+        cfg, rng = self.cfg, self.rng
+        I = cfg.interval
+        s_now, s_prev = inc.S(t), inc.S(t - I)
+        cf = job.t_compute / (job.t_compute + job.t_net0)
+        frozen = inc.frozen_at is not None and inc.stall_since is not None and inc.stall_since <= t
+        stall_w = max(0.0, t - max(inc.stall_since, t - I)) if frozen else 0.0
+        lmax, M = job.lmax, job.M
+        sig = cfg.noise * job.t_compute
+        first = job.first_rank[host]
+        out = []
+        for r in range(first, first + job.G):
+            culprit = r in inc.culprits and frozen
+            if culprit:
+                done = started = math.floor(inc.frozen_at)  # type: ignore[arg-type]
+                n = done - math.floor(s_prev)
+            else:
+                done = math.floor(s_now)
+                started = done + (1 if s_now - done >= cf - 1e-9 else 0)
+                n = done - math.floor(s_prev)
+            inflight = None
+            if started > done:
+                t_enter = inc.t_of(done + cf)
+                prog = (t - inc.stall_since) if frozen else rng.uniform(0.0, 0.05)
+                inflight = {"seq": started, "func": "AllReduce",
+                            "age_s": round(max(0.0, t - t_enter), 4),
+                            "progress_age_s": round(max(0.0, prog), 4)}
+                if frozen and prog >= cfg.stall_event_s and r not in inc.stall_events:
+                    inc.stall_events.add(r)
+            s: dict[str, Any] = {
+                "comm": inc.comm, "rank": r, "nranks": job.nranks, "seq_started": started,
+                "seq_completed": done, "pid": job.pids[r], "job": job.id, "dev": r % job.G,
+                "inflight": inflight, "colls": [], "peers": [],
+            }
+            if n > 0:
+                late = max(job.lateness[p] for p in job.nbrs[r]) if job.nbrs[r] else 0.0
+                own = job.lateness[r]
+                op = job.t_net0 * M + lmax - own + 3.0 * sig
+                s["colls"] = [{"func": "AllReduce", "count": n, "bytes": n * job.op_bytes,
+                               "time_s": round(max(1e-4, n * op * (1 + 0.02 * rng.gauss(0, 1))), 6),
+                               "algo": "Ring" if cfg.collective == "ring" else "Tree",
+                               "proto": "Simple"}]
+                ew = n * (max(0.0, late - own) + sig * max(0.0, 0.85 + 0.6 * rng.gauss(0, 1) / math.sqrt(n)))
+                s["entry_wait_s"] = round(ew, 6)
+                s["entry_ops"] = n
+            for c in job.send_of[r]:
+                b = n * job.conn_bytes
+                net = b * job.lat0 * c.mult
+                e = {"peer": c.dst, "channel": c.channel, "dir": "send", "bytes": b,
+                     "steps": n * job.conn_steps, "net_wait_s": round(net, 6),
+                     "peer_wait_s": round(max(0.0, n * job.t_net0 * M - net), 6),
+                     "gpu_wait_s": round(n * 0.002, 6)}
+                if stall_w:  # stuck in SendWait on a dead NIC, else a victim waiting credit
+                    key = "net_wait_s" if c.stuck else "peer_wait_s"
+                    e[key] = round(e[key] + stall_w, 6)
+                s["peers"].append(e)
+                traffic[c.src_dev][0] += b
+            for c in job.recv_of[r]:
+                b = n * job.conn_bytes
+                e = {"peer": c.src, "channel": c.channel, "dir": "recv", "bytes": b,
+                     "steps": n * job.conn_steps,
+                     "net_wait_s": round(n * job.t_net0 * M + (stall_w if not culprit else 0), 6)}
+                s["peers"].append(e)
+                traffic[c.dst_dev][1] += b
+            out.append(s)
+        return out
+
+    def _ports(self, host: str, t: float, traffic: dict[str, list[int]]) -> list[dict[str, Any]]:
+        cfg, rng = self.cfg, self.rng
+        I = cfg.interval
+        job = self.job_of_host.get(host)
+        ports = []
+        for nic in self.topo.hosts[host].nics:
+            key = (host, nic.dev)
+            d = dict.fromkeys(COUNTERS, 0)
+            d["port_xmit_data"] = traffic[nic.dev][0] // 4
+            d["port_rcv_data"] = traffic[nic.dev][1] // 4
+            d["np_ecn_marked_roce_packets"] = _poisson(rng, 2.0 * I)
+            d["np_cnp_sent"] = d["np_ecn_marked_roce_packets"]
+            d["rp_cnp_handled"] = _poisson(rng, 2.0 * I)
+            ep = endpoint(host, nic.dev)
+            down = False
+            for f in self.faults:
+                if not f.active(t):
+                    continue
+                if f.kind in ("nic-down", "link-flap") and f.target == ep:
+                    down = f.kind == "nic-down" or (t - f.start) % 10 < I
+                    d["link_downed"] += 1 if (t - f.start) < I or f.kind == "link-flap" and down else 0
+                if job is None or f.kind not in ("lossy-link", "slow-link"):
+                    continue
+                for c in job.rx_of.get(ep, []):
+                    if f.kind == "lossy-link" and f.target in c.links:
+                        d["out_of_sequence"] += _poisson(rng, 400 * I)
+                        d["packet_seq_err"] += _poisson(rng, 100 * I)
+                    elif f.kind == "slow-link" and _pair_hit(f, c):
+                        x = _poisson(rng, 3000 * I)
+                        d["np_ecn_marked_roce_packets"] += x
+                        d["np_cnp_sent"] += x
+                for c in job.tx_of.get(ep, []):
+                    if f.kind == "lossy-link" and f.target in c.links:
+                        d["local_ack_timeout_err"] += _poisson(rng, 5 * I)
+                    elif f.kind == "slow-link" and _pair_hit(f, c):
+                        d["rp_cnp_handled"] += _poisson(rng, 3000 * I)
+            cum = self.counters[key]
+            for name, v in d.items():
+                cum[name] += v
+            ports.append({
+                "dev": nic.dev, "port": 1, "state": "DOWN" if down else "ACTIVE",
+                "phys_state": "Disabled" if down else "LinkUp", "rate_gbps": nic.gbps,
+                "netdev": nic.netdev, "counters": dict(cum), "deltas": d,
+            })
+        return ports
+
+    def _events(self, host: str, t0: float, t1: float) -> Iterator[tuple[float, dict[str, Any]]]:
+        topo = self.topo.hosts[host]
+        for f in self.faults:
+            if f.target.partition("/")[0] != host and f.kind not in RANK_KINDS:
+                continue
+            nic = topo.nic(f.target.partition("/")[2]) if "/" in f.target else None
+            starts = t0 <= f.start < t1
+            ends = f.end is not None and t0 <= f.end < t1
+            if f.kind == "xid" and starts:
+                job, r = self.rank_ref(int(f.target))
+                if job is None or job.host_of[r] != host:
+                    continue
+                pci = xid_pci(topo.gpu_pci[r % job.G])
+                yield f.start, _event("xid", "critical", {
+                    "code": 79, "pci": pci, "pid": job.pids[r], "process": "python3",
+                    "text": "GPU has fallen off the bus."},
+                    f"NVRM: Xid (PCI:{pci}): 79, pid={job.pids[r]}, name=python3, GPU has fallen off the bus.", pci)
+            elif f.kind == "nic-down" and nic and (starts or ends):
+                state = "down" if starts else "up"
+                ts = f.start if starts else f.end
+                yield ts, _event("nic_link", "error" if starts else "info",
+                                 {"pci": nic.pci, "netdev": nic.netdev, "state": state},
+                                 f"mlx5_core {nic.pci} {nic.netdev}: Link {state}", nic.pci)
+                yield ts + 0.05, _event("port_state", "error" if starts else "info", {
+                    "dev": nic.dev, "port": 1, "from": "ACTIVE" if starts else "DOWN",
+                    "to": "DOWN" if starts else "ACTIVE"}, "", nic.dev)
+            elif f.kind == "link-flap" and nic and f.active(t0) and int(t0 - f.start) % 10 == 0:
+                yield t0 + 0.1, _event("link_flap", "warning", {
+                    "dev": nic.dev, "port": 1, "count": 1, "netdev": nic.netdev}, "", nic.dev)
+            elif f.kind == "pfc-storm" and nic and f.active(t0):
+                yield t0 + 0.2, _event("pause_storm", "error", {
+                    "netdev": nic.netdev, "counter": "tx_pause_storm_error_events",
+                    "delta": 1, "dev": nic.dev, "port": 1}, "", nic.netdev)
+            elif f.kind == "aer" and nic and f.active(t0) and int(t0 - f.start) % 15 == 0:
+                yield t0 + 0.3, _event("pcie_aer", "error", {
+                    "pci": nic.pci, "severity": "nonfatal", "port": "0000:3a:00.0",
+                    "text": f"pcieport 0000:3a:00.0: AER: Uncorrected (Non-Fatal) error "
+                            f"received: {nic.pci}"}, "", nic.pci)
+        yield from self._stall_events(host, t0, t0 + self.cfg.interval)
+
+    def _stall_events(self, host: str, t0: float, t1: float) -> Iterator[tuple[float, dict[str, Any]]]:
+        """nccl_stall from the plugin of each rank on this host whose op stopped moving for
+        stall_event_s (the plugin's own threshold)."""
+        job = self.job_of_host.get(host)
+        if job is None:
+            return
+        inc = job.current(t0)
+        if inc is None or inc.stall_since is None:
+            return
+        te = inc.stall_since + self.cfg.stall_event_s
+        if not t0 <= te < t1:
+            return
+        first = job.first_rank[host]
+        done = math.floor(inc.frozen_at or 0)
+        for r in range(first, first + job.G):
+            if r in inc.culprits:
+                continue
+            waiting = [{"peer": c.dst, "channel": c.channel, "dir": "send",
+                        "state": "SendWait" if c.stuck else "SendPeerWait",
+                        "idle_s": self.cfg.stall_event_s} for c in job.send_of[r]]
+            waiting += [{"peer": c.src, "channel": c.channel, "dir": "recv", "state": "RecvWait",
+                         "idle_s": self.cfg.stall_event_s} for c in job.recv_of[r]]
+            yield te, _event("nccl_stall", "error", {
+                "comm": inc.comm, "rank": r, "nranks": job.nranks, "seq": done + 1,
+                "func": "AllReduce", "age_s": self.cfg.stall_event_s, "waiting": waiting,
+                "pid": job.pids[r], "job": job.id, "seq_completed": done}, "", None)
+
+
+def _event(type_: str, severity: str, attrs: dict[str, Any], msg: str,
+           device: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": type_, "severity": severity, "attrs": attrs}
+    if msg:
+        body["msg"] = msg
+    if device:
+        body["device"] = device
+    return body
+
+
+def xid_pci(pci: str) -> str:
+    """The NVIDIA driver prints a GPU's PCI address without the function: `0000:3b:00`."""
+    return pci.rsplit(".", 1)[0]
+
+
+def _pair_hit(f: Fault, c: Conn) -> bool:
+    return set(f.target.split(",")) == {c.src_host, c.dst_host}
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    if lam <= 0:
+        return 0
+    if lam > 30:
+        return max(0, int(round(rng.gauss(lam, math.sqrt(lam)))))
+    limit, k, p = math.exp(-lam), 0, rng.random()
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k
+
+
+def simulate(cfg: SimConfig, out: str | Path) -> dict[str, Any]:
+    """Run a scenario and write the recording, truth and topology; returns a summary."""
+    return Simulator(cfg).run(out)
