@@ -157,8 +157,9 @@ class Model:
                 self.pids.pop((host, rk.pid), None)
             rk.pid = s["pid"]
             self.pids[(host, rk.pid)] = (comm.comm, rk.rank)
-        rk.dev = s.get("dev")
-        rk.nic = self.nic_endpoint(host, rk.dev)
+        if rk.nic is None or s.get("dev") != rk.dev:
+            rk.dev = s.get("dev")
+            rk.nic = self.nic_endpoint(host, rk.dev)
         rk.seen = now
         rk.fresh = True
         ops = sum(c["count"] for c in s["colls"])
