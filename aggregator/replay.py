@@ -18,6 +18,8 @@ from c4 import record
 from .config import AggregatorConfig
 from .server import build_core
 
+PRUNE_EVERY_S = 60.0
+
 
 @dataclass
 class ReplayResult:
@@ -48,8 +50,10 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
 
     path = Path(path)
     cfg = cfg or AggregatorConfig()
-    # Replay must never drain a node: whatever the policy says, actions are dry-run here.
-    cfg = dataclasses.replace(cfg, actions={**cfg.actions, "dry_run": True})
+    # Replay must never drain a node: whatever the policy says, actions are dry-run here. Stored
+    # frames only serve resend dedupe after a restart, which a replay never has: keep a minute.
+    cfg = dataclasses.replace(cfg, actions={**cfg.actions, "dry_run": True},
+                              frames_retention_s=PRUNE_EVERY_S)
     if topology is None:
         beside = topology_beside(path)
         if beside is not None:
@@ -63,6 +67,7 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
     frames = 0
     start = None
     next_tick = None
+    pruned = 0.0
     offsets: dict[str, float] = {}  # host -> its clock minus the replay clock
     for data in record.read(path):
         frames += 1
@@ -75,10 +80,13 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
         if now is None:
             continue  # nothing timestamped yet: a garbage prefix, counted as rejected below
         if start is None:
-            start, next_tick = now, now + tick_s
+            start, next_tick, pruned = now, now + tick_s, now
         while next_tick is not None and next_tick <= now:
             clock_box[0] = next_tick
             ingest.tick(next_tick)
+            if next_tick - pruned >= PRUNE_EVERY_S:
+                ingest.prune(next_tick)
+                pruned = next_tick
             next_tick += tick_s
         clock_box[0] = now
         ingest.handle(data, now)
