@@ -59,10 +59,7 @@ while True:
 
 @pytest.fixture(scope="module")
 def built() -> None:
-    why = harness.missing_toolchain()
-    if why:
-        pytest.skip(why)
-    harness.build("all")
+    harness.require("all")
 
 
 @pytest.fixture

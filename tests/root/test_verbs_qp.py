@@ -18,10 +18,7 @@ DGID = "0000:0000:0000:0000:0000:ffff:0a00:0002"  # ::ffff:10.0.0.2
 
 @pytest.fixture(scope="module")
 def built() -> None:
-    why = harness.missing_toolchain()
-    if why:
-        pytest.skip(why)
-    harness.build("all")
+    harness.require("all")
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Ingest on real SQLite: dedupe, acks, loss accounting, full disk, restart, silence."""
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from c4 import wire

@@ -40,10 +40,7 @@ def test_flow_label_is_20_bits_of_a_64_bit_product() -> None:
 
 @pytest.fixture(scope="module")
 def kernel_oracle() -> str:
-    why = harness.missing_toolchain()
-    if why:
-        pytest.skip(why)
-    harness.build("build/roce_sport")
+    harness.require("build/roce_sport")
     return str(harness.BUILD / "roce_sport")
 
 

@@ -16,10 +16,7 @@ HEADER = BPF_DIR / "verbs_qp_abi.h"
 
 @pytest.fixture(scope="module")
 def generated() -> str:
-    why = harness.missing_toolchain()
-    if why:
-        pytest.skip(why)
-    harness.build("build/verbs_abi")
+    harness.require("build/verbs_abi")
     return subprocess.run([str(harness.BUILD / "verbs_abi")], capture_output=True, text=True,
                           check=True).stdout
 

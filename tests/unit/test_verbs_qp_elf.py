@@ -17,10 +17,7 @@ VERBS = ("ibv_create_qp", "ibv_modify_qp", "ibv_destroy_qp")
 
 @pytest.fixture(scope="module")
 def test_library() -> Path:
-    why = harness.missing_toolchain()
-    if why:
-        pytest.skip(why)
-    harness.build("build/libibverbs-c4test.so")
+    harness.require("build/libibverbs-c4test.so")
     return harness.LIBRARY
 
 

@@ -32,6 +32,16 @@ def build(*targets: str) -> None:
         raise RuntimeError(f"make -C {VERBS_DIR} failed:\n{proc.stdout}{proc.stderr}")
 
 
+def require(*targets: str) -> None:
+    """For test fixtures: skip when the toolchain is missing, else build `targets`."""
+    why = missing_toolchain()
+    if why:
+        import pytest
+
+        pytest.skip(why)
+    build(*targets)
+
+
 class Driver:
     """A running qp_driver; `send` writes one command and returns its reply line."""
 
