@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import zmq
+
     from aggregator.config import AggregatorConfig
     from aggregator.server import run
 
@@ -29,5 +31,5 @@ def _run(args: argparse.Namespace) -> int:
         return run(cfg)
     except config.ConfigError as exc:
         return fail(str(exc), 2)
-    except OSError as exc:
+    except (OSError, zmq.ZMQError) as exc:  # a port in use, an unwritable database directory
         return fail(f"cannot start the aggregator: {exc}", 1)

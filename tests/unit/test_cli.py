@@ -50,3 +50,19 @@ def test_bad_config_exits_2_with_the_key(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "c4.cli", "agent", "run", "--config", str(cfg)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "interval" in out.stderr
+
+
+def test_aggregator_port_in_use_is_a_clear_error(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "aggregator.toml"
+        cfg.write_text(f'listen = "tcp://127.0.0.1:{port}"\napi = "127.0.0.1:{free_port()}"\n'
+                       f'db = "{tmp_path / "c4.db"}"\n')
+        out = subprocess.run([sys.executable, "-m", "c4.cli", "aggregator", "run", "--config",
+                              str(cfg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "cannot start the aggregator" in out.stderr and "Traceback" not in out.stderr
