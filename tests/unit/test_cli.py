@@ -66,3 +66,23 @@ def test_aggregator_port_in_use_is_a_clear_error(tmp_path) -> None:
                               str(cfg)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "cannot start the aggregator" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_reference_documents_every_flag() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    missing = []
+
+    def walk(parser, path: str) -> None:
+        for action in parser._actions:
+            for opt in action.option_strings:
+                if opt.startswith("--") and opt not in ("--help", "--version") and opt not in doc:
+                    missing.append(f"{path} {opt}")
+        for name, sub in _subparsers(parser).items():
+            if f"c4 {path} {name}".replace("c4  ", "c4 ").strip() not in doc:
+                missing.append(f"{path} {name} (no section)")
+            walk(sub, f"{path} {name}".strip())
+
+    walk(build_parser(), "")
+    assert not missing, f"docs/cli.md lacks: {missing}"
