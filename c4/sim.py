@@ -52,6 +52,14 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
 }
 EPOCH = 1.7e9  # simulated time 0 as a wall clock (frames carry epoch seconds)
 RANK_KINDS = ("hang", "straggler", "xid")
+TRANSPORTS = ("nccl", "tcp")
+TCP_KINDS = ("slow-node", "slow-link", "lossy-link")  # what a TCP-only job can show
+TCP_PORT = 29500  # the job's listening port (the rendezvous side of each connection)
+TCP_GOODPUT = 1.2e9  # bytes/s per connection at nominal speed
+TCP_SRTT_US = 40.0
+# retransmitted segments per MB on a clean connection, and the factor a fault multiplies it by
+TCP_LOSS_PER_MB = 0.01
+TCP_LOSS = {"lossy-link": 2000.0, "slow-link": 300.0, "slow-node": 1.0}
 HANG_KINDS = ("hang", "xid", "nic-down", "host-down")  # stop collective progress
 COUNTERS = ("port_xmit_data", "port_rcv_data", "np_cnp_sent", "np_ecn_marked_roce_packets",
             "rp_cnp_handled", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err",
@@ -96,6 +104,7 @@ class SimConfig:
     spines: int = 2
     jobs: int = 1
     collective: str = "ring"
+    transport: str = "nccl"
     channels: int = 0  # 0: one per GPU
     step_time: float = 1.0
     ops_per_step: int = 4
@@ -118,6 +127,14 @@ class SimConfig:
     def validate(self) -> None:
         if self.collective not in ("ring", "tree"):
             raise SimError(f"--collective: expected ring or tree, got {self.collective!r}")
+        if self.transport not in TRANSPORTS:
+            raise SimError(f"--transport: expected {' or '.join(TRANSPORTS)}, "
+                           f"got {self.transport!r}")
+        if self.transport == "tcp":
+            bad = [f"{f.kind}:{f.target}" for f in self.faults if f.kind not in TCP_KINDS]
+            if bad:
+                raise SimError(f"--transport tcp: only {', '.join(TCP_KINDS)} faults, got "
+                               f"{', '.join(bad)}")
         if self.jobs < 1 or self.jobs > self.hosts:
             raise SimError(f"--jobs: need 1..{self.hosts} (one host at least per job)")
         if not 0.05 <= self.interval <= 60:
@@ -190,7 +207,8 @@ class Job:
         self.topo = topo
         self.cfg = cfg
         channels = cfg.channels or max(2, self.G)
-        self.conns = self._build(channels, topo, cfg.collective)
+        self.conns = (self._build_tcp(topo) if cfg.transport == "tcp" else
+                      self._build(channels, topo, cfg.collective))
         self.send_of: list[list[Conn]] = [[] for _ in range(self.nranks)]
         self.recv_of: list[list[Conn]] = [[] for _ in range(self.nranks)]
         self.first_rank = {h: i * self.G for i, h in enumerate(hosts)}
@@ -252,6 +270,24 @@ class Job:
             conns.append(Conn(src, dst, ch, sh, dh, sd, dd, tuple(links)))
         return conns
 
+    def _build_tcp(self, topo: Topology) -> list[Conn]:
+        """A gloo-like job, one process per host on its first NIC: a TCP connection to each
+        ring neighbour and each halving-doubling partner (i XOR 2^k), both directions used.
+        A connection's src/dst are the hosts' first ranks."""
+        H, G = len(self.hosts), self.G
+        pairs = {tuple(sorted((i, j))) for i in range(H)
+                 for j in [(i + 1) % H] + [i ^ (1 << k) for k in range(H.bit_length())]
+                 if j < H and j != i}
+        conns = []
+        for a, b in sorted(pairs):
+            for i, j in ((a, b), (b, a)):
+                sh, dh = self.hosts[i], self.hosts[j]
+                sd, dd = self.nic(i * G), self.nic(j * G)
+                links = topo.ecmp_route(sh, sd, dh, dd, salt=self.cfg.seed)
+                topo.set_path(endpoint(sh, sd), endpoint(dh, dd), links)
+                conns.append(Conn(i * G, j * G, 0, sh, dh, sd, dd, tuple(links)))
+        return conns
+
     def current(self, t: float) -> Incarnation | None:
         for inc in reversed(self.incs):
             if inc.start <= t:
@@ -280,6 +316,8 @@ class Simulator:
         self.counters = {(h, n.dev): dict.fromkeys(COUNTERS, 0)
                          for h in names for n in self.topo.hosts[h].nics}
         self.faults = [self._check(f) for f in cfg.faults]
+        self.addr = {h: f"10.0.{i // 250}.{i % 250 + 1}" for i, h in enumerate(names)}
+        self.sockets: dict[tuple[str, str], list[int]] = {}  # (host, peer) -> acked, rcvd, retrans
         self.clean_events: list[dict[str, Any]] = []
         self.blips: dict[int, list[tuple[str, Any]]] = {}
         self._plan_realism()
@@ -555,17 +593,25 @@ class Simulator:
         check = kind != "report" or self.seq[host] <= 3
         return encode(Frame(kind, host, self.boot[host], self.seq[host], ts, body), check)
 
+    def _collectors(self) -> tuple[str, ...]:
+        return ("host", "rdma", "kmsg", "pfc", "tcp_flows" if self.cfg.transport == "tcp"
+                else "nccl")
+
     def _hello(self, host: str) -> dict[str, Any]:
         h = self.topo.hosts[host]
-        return {
+        hello = {
             "agent_version": "0.1.0-sim", "interval": self.cfg.interval,
-            "collectors": {c: {"ok": True} for c in ("host", "rdma", "kmsg", "pfc", "nccl")},
+            "collectors": {c: {"ok": True} for c in self._collectors()},
             "nics": [{"dev": n.dev, "ports": [{"port": 1, "state": "ACTIVE",
                                                "link_layer": "Ethernet", "rate_gbps": n.gbps,
                                                "netdev": n.netdev, "rail": n.rail}]}
                      for n in h.nics],
             "labels": {"leaf": h.nics[0].leaf, "sim": "1"},
         }
+        if self.cfg.transport == "tcp":  # the job's TCP runs over the first NIC's netdev
+            hello["netdevs"] = [{"name": n.netdev, "addrs": [f"{self.addr[host]}/16"] if i == 0
+                                 else []} for i, n in enumerate(h.nics)]
+        return hello
 
     def _interval(self, k: int, t0: float) -> Iterator[tuple[float, bytes]]:
         """Every frame whose true send time falls in [t0, t0 + interval), each host's in its
@@ -600,7 +646,7 @@ class Simulator:
         cfg = self.cfg
         body: dict[str, Any] = {
             "interval": round(cfg.interval + self.rng.uniform(-0.002, 0.002), 4),
-            "health": {c: {"ok": True} for c in ("host", "rdma", "kmsg", "pfc", "nccl")},
+            "health": {c: {"ok": True} for c in self._collectors()},
             "host": {"cpu_pct": round(self.rng.uniform(30, 60) * 16, 1), "load1": 40.0,
                      "mem_used_bytes": 600 << 30, "mem_total_bytes": 2048 << 30,
                      "uptime_s": 86400.0 + t},
@@ -608,11 +654,18 @@ class Simulator:
         traffic: dict[str, list[int]] = {n.dev: [0, 0] for n in self.topo.hosts[host].nics}
         job = self.job_of_host.get(host)
         comms = []
+        live = False
         if job is not None:
             inc = job.current(t)
-            if inc is not None and inc.join[host] <= t and (inc.end is None or t < inc.exit[host]):
-                comms = self._comms(job, inc, host, t, traffic)
-        body["nccl"] = {"comms": comms}
+            live = inc is not None and inc.join[host] <= t and (inc.end is None or
+                                                                t < inc.exit[host])
+            if live and self.cfg.transport == "nccl":
+                comms = self._comms(job, inc, host, t, traffic)  # type: ignore[arg-type]
+        if self.cfg.transport == "tcp":
+            body["tcp_flows"] = self._tcp_flows(job, host, t) if live and job else \
+                self._tcp_section([])
+        else:
+            body["nccl"] = {"comms": comms}
         body["rdma"] = {"ports": self._ports(host, t, traffic)}
         return body
 
@@ -683,6 +736,49 @@ class Simulator:
                 traffic[c.dst_dev][1] += b
             out.append(s)
         return out
+
+    def _tcp_flows(self, job: Job, host: str, t: float) -> dict[str, Any]:
+        """Every socket of the host's process (a refresh each interval): per direction, goodput
+        falls and srtt rises with the connection's slowdown, retransmits with its loss."""
+        I, rng = self.cfg.interval, self.rng
+        me = job.hosts.index(host)
+        faults = [f for f in self.faults if f.active(t)]
+        sent = {c.dst_host: c for c in job.send_of[me * job.G]}
+        got = {c.src_host: c for c in job.recv_of[me * job.G]}
+        flows = []
+        for peer, c in sent.items():
+            acked = int(TCP_GOODPUT * I / c.mult)
+            loss = TCP_LOSS_PER_MB
+            for f in faults:
+                if self._conn_fault(f, c) > 1.0:
+                    loss *= TCP_LOSS.get(f.kind, 1.0)
+            retrans = _poisson(rng, loss * acked / 1e6)
+            rcvd = int(TCP_GOODPUT * I / got[peer].mult) if peer in got else 0
+            st = self.sockets.setdefault((host, peer), [0, 0, 0])
+            st[0] += acked
+            st[1] += rcvd
+            st[2] += retrans
+            other = job.hosts.index(peer)
+            # the lower host index connected: it holds the ephemeral port
+            sport, dport = ((40000 + other, TCP_PORT) if me < other else
+                            (TCP_PORT, 40000 + me))
+            flows.append({
+                "saddr": self.addr[host], "daddr": self.addr[peer], "sport": sport,
+                "dport": dport, "family": "ipv4", "netns": 4026531840,
+                "pid": job.pids[me * job.G], "comm": "python3", "state": "ESTABLISHED",
+                "bytes_acked": st[0], "bytes_received": st[1], "retrans_segs": st[2],
+                "bytes_acked_delta": acked, "bytes_received_delta": rcvd,
+                "retrans_segs_delta": retrans, "bytes_acked_rate": acked / I,
+                "bytes_received_rate": rcvd / I,
+                "srtt_us": int(TCP_SRTT_US * c.mult * math.exp(rng.gauss(0.0, 0.05))),
+                "cwnd": 10 + int(rng.uniform(0, 200) / c.mult), "closed": False,
+                "job": job.id})
+        return self._tcp_section(flows)
+
+    @staticmethod
+    def _tcp_section(flows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"flows": flows, "omitted": 0, "tracked": len(flows), "unchanged": 0,
+                "refresh": True, "map_full": 0, "drops": {}, "drops_delta": {}}
 
     def _ports(self, host: str, t: float, traffic: dict[str, list[int]]) -> list[dict[str, Any]]:
         cfg, rng = self.cfg, self.rng

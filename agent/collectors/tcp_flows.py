@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 from c4.wire.sections.tcp_flows import MAX_FLOWS_PER_REPORT
 
 from .. import bpf
+from ..jobs import JobResolver
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 from .options import check_keys, get_int
 
@@ -401,6 +402,7 @@ class FlowTable:
     owner_filter: bool
     netns_of: Callable[[int], int]  # pid -> network namespace inode (0: unknown)
     drop_names: Mapping[int, str] = field(default_factory=dict)
+    job_of: Callable[[int], str | None] = lambda pid: None  # pid -> job id (agent/jobs.py)
     _seen: dict[int, Seen] = field(default_factory=dict)  # socket address -> live flow
 
     def update(self, live: Mapping[int, bytes], closed: Iterable[tuple[bytes, bytes]],
@@ -490,6 +492,9 @@ class FlowTable:
             "netns": self.netns_of(e.pid) if e.pid else 0, "pid": e.pid, "comm": e.comm}
         if e.cookie:
             row["cookie"] = e.cookie
+        job = self.job_of(e.pid) if e.pid else None  # read once per owner, like netns
+        if job:
+            row["job"] = job
         row.update(dict.fromkeys(COUNTER_KEYS))  # slots the rows fill in
         return row
 
@@ -520,10 +525,11 @@ class Snapshot:
 class Reporter:
     """Snapshot -> report section and events: the collector minus the kernel."""
 
-    def __init__(self, opts: Options, feats: Features, netns_of: Callable[[int], int]) -> None:
+    def __init__(self, opts: Options, feats: Features, netns_of: Callable[[int], int],
+                 job_of: Callable[[int], str | None] = lambda pid: None) -> None:
         self.opts, self.feats = opts, feats
         self.table = FlowTable(opts.max_report_flows, opts.owner_filter, netns_of,
-                               feats.drop_reasons)
+                               feats.drop_reasons, job_of=job_of)
         self._drops: dict[str, int] = {}
         self._reports = 0
 
@@ -687,7 +693,8 @@ class TcpFlowsCollector(Collector):
             b.cleanup()  # detach the programs: nothing half-started keeps running
             raise
         self._bpf, self._ringbuf = b, feats.ringbuf
-        self._reporter = Reporter(self.opts, feats, _netns_reader(self.ctx.proc_root))
+        self._reporter = Reporter(self.opts, feats, _netns_reader(self.ctx.proc_root),
+                                  JobResolver(self.ctx.proc_root).job_of)
         self._last = self.ctx.clock()
         self.ctx.log.info("tcp_flows: tracing with %s", ", ".join(feats.names))
 

@@ -23,6 +23,7 @@ from .incidents import Incidents
 from .model import Model
 from .slow import SlowDetector
 from .straggler import StragglerDetector
+from .tcp import TcpDetector
 
 __all__ = ["Diagnosis", "DiagnosisConfig"]
 
@@ -38,6 +39,7 @@ class Diagnosis:
         self.hang = HangDetector(cfg, self.model)
         self.slow = SlowDetector(cfg, self.model, self.counters)
         self.straggler = StragglerDetector(cfg)
+        self.tcp = TcpDetector(cfg, self.model)
         self.hardware = Hardware(cfg, self.model)
         self.store = Incidents(db, cfg, actions, log)
         self.clock = 0.0
@@ -85,6 +87,7 @@ class Diagnosis:
         flows = body.get("tcp_flows")
         if isinstance(flows, dict):
             self.model.on_tcp_flows(host, flows)
+            self.tcp.on_report(host, flows, interval, now)
 
     def _event(self, host: str, body: dict[str, Any], now: float) -> None:
         if body["type"] == "nccl_stall":
@@ -118,6 +121,7 @@ class Diagnosis:
                 findings += self.straggler.tick(comm, now)
                 for r in comm.ranks.values():
                     r.fresh = False
+            findings += self.tcp.tick(now)
             findings += self.hardware.tick(now)
             # Hardware first: a symptom then joins the incident of its cause.
             findings.sort(key=lambda f: f.cls.startswith("hw_") is False)

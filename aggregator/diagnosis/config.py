@@ -36,6 +36,15 @@ class DiagnosisConfig:
         1 << 20, "a connection's report counts only if it moved at least this many bytes")
     min_cells: int = field(
         6, "connections with data a communicator needs before its baseline is trusted")
+    tcp_min_hosts: int = field(
+        4, "TCP flow diagnosis (jobs without the NCCL plugin) compares a job's connections "
+        "only when its flows join at least this many hosts")
+    tcp_min_bytes: int = field(
+        1 << 20, "a host -> host TCP connection's interval counts only if the peer acknowledged "
+        "at least this many bytes")
+    tcp_retrans_per_mb: float = field(
+        1.0, "a TCP connection is lossy only at or above this many retransmitted segments per "
+        "MB acknowledged (and `slow_ratio` times the job's baseline)")
     localise_confidence: float = field(
         0.8, "top-suspect confidence (0..1) needed to declare an incident localised and call "
         "the action runner")
@@ -70,7 +79,7 @@ class DiagnosisConfig:
         p = f"{where}." if where else ""
         positive = ("hang_floor_s", "hang_op_factor", "stale_intervals", "comm_expire_intervals",
                     "slow_ratio", "slow_z", "straggler_min_wait_s", "straggler_ratio",
-                    "counter_ratio", "resolve_hold_s", "event_hold_s")
+                    "counter_ratio", "resolve_hold_s", "event_hold_s", "tcp_retrans_per_mb")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{p}{name}: must be > 0, got {getattr(self, name)}")
@@ -80,8 +89,8 @@ class DiagnosisConfig:
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"{p}{name}: must be within (0, 1]")
         for name in ("slow_persist", "slow_window", "localise_persist", "min_cells",
-                     "straggler_window",
-                     "straggler_persist", "memory_incidents"):
+                     "straggler_window", "straggler_persist", "memory_incidents",
+                     "tcp_min_hosts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{p}{name}: must be >= 1")
         if self.slow_persist > self.slow_window:

@@ -101,6 +101,7 @@ class Model:
         self.pids: dict[tuple[str, int], tuple[str, int]] = {}  # (host, pid) -> (comm, rank)
         self.reported: dict[str, float] = {}  # host -> arrival of its latest report
         self.flows: dict[str, dict[str, list[int]]] = {}  # job -> host -> [flows, retrans]
+        self.addrs: dict[str, tuple[str, str | None]] = {}  # IP -> (host, netdev)
 
     # -- hosts ----------------------------------------------------------------------------
     def host(self, name: str) -> HostInfo:
@@ -127,6 +128,9 @@ class Model:
                     info.netdev_dev[p["netdev"]] = nic["dev"]
         if nics and not (self.topology and host in self.topology.hosts):
             info.nics = [d for _, _, d in sorted(nics)]
+        for nd in body.get("netdevs", []):
+            for addr in nd.get("addrs", []):
+                self.addrs[bare_addr(addr)] = (host, nd["name"])
 
     def nic_endpoint(self, host: str, dev: int | None) -> str | None:
         """The NIC a rank on CUDA device `dev` uses: the one on its rail (NCCL picks the
@@ -193,23 +197,29 @@ class Model:
         tag = (s.host, s.nic, d.host, d.nic)
         if cell.tag == tag:
             return cell.comps
-        comps: list[Component] = [("host", s.host, s.host, PRIO_HOST)]
-        if d.host != s.host:
-            comps.append(("host", d.host, d.host, PRIO_HOST))
-        for nic, host in ((s.nic, s.host), (d.nic, d.host)):
+        cell.path, cell.comps = self.path_components(s.host, s.nic, d.host, d.nic)
+        cell.tag = tag
+        return cell.comps
+
+    def path_components(self, s_host: str, s_nic: str | None, d_host: str,
+                        d_nic: str | None) -> tuple[list[str] | None, list[Component]]:
+        """(learned path, components) of a connection between two hosts' NICs (endpoints)."""
+        comps: list[Component] = [("host", s_host, s_host, PRIO_HOST)]
+        if d_host != s_host:
+            comps.append(("host", d_host, d_host, PRIO_HOST))
+        for nic, host in ((s_nic, s_host), (d_nic, d_host)):
             if nic:
                 comps.append(("nic", nic, host, PRIO_NIC))
         path = None
         if self.topology is not None:
-            path = self.topology.path(s.host, d.host, _dev(s.nic), _dev(d.nic))
+            path = self.topology.path(s_host, d_host, _dev(s_nic), _dev(d_nic))
         for link in path or ():
             lk = self.topology.links.get(link) if self.topology else None
             prio = PRIO_FABRIC if lk is not None and lk.kind == "fabric" else PRIO_ACCESS
             comps.append(("link", link, None, prio))
-        if d.host != s.host:
-            comps.append(("link", pair_id(s.host, d.host), None, PRIO_PAIR))
-        cell.path, cell.comps, cell.tag = path, comps, tag
-        return comps
+        if d_host != s_host:
+            comps.append(("link", pair_id(s_host, d_host), None, PRIO_PAIR))
+        return path, comps
 
     def exited(self, rk: Rank) -> bool:
         """Its host reported since without it: the process ended (job killed or crashed)."""
@@ -237,19 +247,27 @@ class Model:
 
     # -- TCP flows (jobs without the plugin, or its socket transport) ---------------------
     def on_tcp_flows(self, host: str, section: dict[str, Any]) -> None:
-        """Attach flows to the job whose process owns them (pid -> rank on the same host)."""
+        """Attach flows to the job whose process owns them (pid -> rank on the same host, else
+        the job id the agent read from the owner's environment)."""
         per_job: dict[str, list[int]] = {}
         for f in section.get("flows", []) or []:
             ref = self.rank_of_pid(host, f.get("pid"))
-            if ref is None:
+            job = ref[0].job if ref else f.get("job")
+            if job is None:
                 continue
-            acc = per_job.setdefault(ref[0].job, [0, 0])
+            acc = per_job.setdefault(job, [0, 0])
             acc[0] += 1
             acc[1] += int(f.get("retrans_segs_delta", 0) or 0)
         for hosts in self.flows.values():
             hosts.pop(host, None)
         for job, acc in per_job.items():
             self.flows.setdefault(job, {})[host] = acc
+
+
+def bare_addr(addr: str) -> str:
+    """An address as flows show it: no prefix length, IPv4-mapped IPv6 as IPv4."""
+    addr = addr.partition("/")[0]
+    return addr[7:] if addr.startswith("::ffff:") and "." in addr else addr
 
 
 def _dev(nic: str | None) -> str | None:

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from c4.sim import FAULT_KINDS, Fault, SimConfig, SimError, simulate
+from c4.sim import FAULT_KINDS, TRANSPORTS, Fault, SimConfig, SimError, simulate
 from c4.topology import TopologyError
 
 
@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("job")
     g.add_argument("--jobs", type=int, default=1, help="jobs, splitting the hosts in blocks")
     g.add_argument("--collective", choices=("ring", "tree"), default="ring")
+    g.add_argument("--transport", choices=TRANSPORTS, default="nccl",
+                   help="nccl: NCCL jobs with the c4 plugin; tcp: gloo-like jobs seen only "
+                   "through eBPF tcp_flows (one process per host, slow faults only)")
     g.add_argument("--channels", type=int, default=0, help="channels (0: one per GPU)")
     g.add_argument("--step-time", type=float, default=1.0, help="training step in seconds")
     g.add_argument("--ops-per-step", type=int, default=4, help="collectives per step")
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = SimConfig(
             hosts=args.hosts, gpus_per_host=args.gpus_per_host, leaves=args.leaves,
             spines=args.spines, jobs=args.jobs, collective=args.collective,
+            transport=args.transport,
             channels=args.channels, step_time=args.step_time, ops_per_step=args.ops_per_step,
             noise=args.noise, duration=args.duration, interval=args.interval,
             faults=[Fault.parse(f) for f in args.fault], seed=args.seed,

@@ -45,6 +45,7 @@ FLOW = Record(
         "drops_delta": COUNTER,
         "last_drop_reason": REASON,
         "cookie": Int(1, 2**64 - 1),
+        "job": Str(128),
     },
     doc={
         "saddr": "local address (IPv4 dotted or IPv6 text; an IPv6 socket talking IPv4 shows "
@@ -86,6 +87,9 @@ FLOW = Record(
                             "name)",
         "cookie": "socket cookie (as `ss -e` prints after `sk:`, in hex there); absent until "
                   "the first received segment",
+        "job": "job id of the owner process, from its environment (`C4_JOB_ID`, "
+               "`SLURM_JOB_ID`, ... as for `nccl`), read when the flow is first reported; "
+               "absent when unknown. C4D compares the connections of one job",
     },
 )
 
