@@ -191,7 +191,7 @@ class NcclCollector(Collector):
                 del self._comms[key]
         events, self._events = self._events, []
         section = {"comms": comms, "malformed": sum(self.malformed.values()),
-                   "dropped": self.dropped}
+                   "dropped": self.dropped, "plugin_unsent": sum(self._drops_seen.values())}
         return Sample(section, events)
 
     def _read(self, sock: socket.socket) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import stat
 import time
 from pathlib import Path
@@ -236,3 +237,13 @@ def test_buffer_overflow_is_counted_dropped(ctx, golden):
         s.close()
     finally:
         c.close()
+
+
+def test_datagrams_the_plugin_could_not_send_are_reported(collector, send, golden):
+    from agent.plugin_proto import HEADER
+
+    data = bytearray(golden["summary"])
+    struct.pack_into("<Q", data, HEADER.size - 8, 7)  # the header's last field: unsent count
+    send(bytes(data))
+    nccl = _report(collector.collect(NOW).section)
+    assert nccl["plugin_unsent"] == 7 and len(nccl["comms"]) == 1

@@ -105,10 +105,12 @@ COMM_SUMMARY = Record(
 
 SECTION = Record(
     required={"comms": List(COMM_SUMMARY, 1024)},
-    optional={"malformed": U64, "dropped": U64},
+    optional={"malformed": U64, "dropped": U64, "plugin_unsent": U64},
     doc={"comms": "one summary per communicator of each training process on this host",
          "malformed": "plugin datagrams the agent rejected, cumulative",
-         "dropped": "plugin datagrams the agent could not process, cumulative"},
+         "dropped": "plugin datagrams the agent could not process, cumulative",
+         "plugin_unsent": "datagrams the live training processes' plugins could not send (agent "
+                          "absent or its socket full), cumulative as the plugins count them"},
 )
 
 WAITING = Record(
