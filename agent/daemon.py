@@ -100,6 +100,7 @@ class Agent:
                 body[c.name] = sample.section
             events.extend(sample.events)
         body["health"] = dict(self.health)
+        body["sender"] = self.sender.counters()
         self.sender.send("report", body)
         for ev in events:
             self.sender.send("event", ev.body())

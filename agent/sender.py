@@ -154,6 +154,13 @@ class Sender:
     def unacked(self) -> int:
         return len(self._queue)
 
+    def counters(self) -> dict[str, int]:
+        """What `report.body.sender` carries (docs/wire.md)."""
+        st = self.stats
+        return {"unacked": len(self._queue), "resent": st.resent,
+                "dropped_queue_full": st.dropped_queue_full, "dropped_invalid": st.dropped_invalid,
+                "errors_received": st.errors_received, "reconnects": st.reconnects}
+
     @property
     def last_seq(self) -> int:
         return self._seq

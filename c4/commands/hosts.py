@@ -79,6 +79,9 @@ def host_view(h: dict[str, Any], show_counters: bool = False) -> Group:
         t.add_row(name, "[green]ok[/]" if ok else "[red]off[/]", escape(health[name].get("reason", "")))
     parts.append(t)
     report = h.get("report") or {}
+    sender = report.get("sender")
+    if sender:
+        parts.append("agent delivery: " + "  ".join(f"{k}={v}" for k, v in sender.items()))
     ports = (report.get("rdma") or {}).get("ports", [])
     if ports:
         parts.append(ports_table(ports))

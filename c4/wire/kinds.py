@@ -86,11 +86,25 @@ HELLO = Record(
     },
 )
 
+SENDER = Record(
+    required={"unacked": U64, "resent": U64, "dropped_queue_full": U64, "dropped_invalid": U64,
+              "errors_received": U64, "reconnects": U64},
+    doc={"unacked": "frames held for resending (not acked yet)",
+         "resent": "frames sent again after `resend_after` without an ack, cumulative",
+         "dropped_queue_full": "frames dropped because the queue was full (lost), cumulative",
+         "dropped_invalid": "frames not sent because they failed validation or were rejected "
+                            "by the aggregator, cumulative",
+         "errors_received": "`error` frames received from the aggregator, cumulative",
+         "reconnects": "times the agent dropped and re-created its socket, cumulative"},
+)
+
 REPORT = Record(
     required={"interval": Float(0, 3600), "health": HEALTH},
-    optional=dict(SECTIONS),
+    optional={"sender": SENDER, **SECTIONS},
     doc={"interval": "seconds covered by this report (measured, not configured)",
-         "health": "collector name -> health", **{n: f"`{n}` section (below)" for n in SECTIONS}},
+         "health": "collector name -> health",
+         "sender": "the agent's delivery counters (docs/wire.md#envelope-and-delivery)",
+         **{n: f"`{n}` section (below)" for n in SECTIONS}},
 )
 
 SEVERITY = Enum(("info", "warning", "error", "critical"))

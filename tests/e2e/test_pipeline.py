@@ -81,6 +81,8 @@ def test_host_appears_with_counters_and_rates(cluster: Cluster, sysfs: Path) -> 
     human = cluster.cli("host", HOST).stdout
     assert "mlx5_0/1" in human and "CNP tx/s" in human
     assert "np_cnp_sent" in cluster.cli("host", HOST, "--counters").stdout
+    sender = detail["report"]["sender"]  # the agent's delivery counters ride in each report
+    assert sender["dropped_queue_full"] == 0 and sender["errors_received"] == 0
     out = cluster.cli("host", "no-such-host")
     assert out.returncode != 0 and "no host named" in out.stderr
 
@@ -108,6 +110,10 @@ def test_aggregator_restart_loses_and_duplicates_nothing(cluster: Cluster, sysfs
     cluster.aggregator.stop()
 
     sent = recorded()
+    # While the aggregator was down the agent held its frames (its reports say how many)...
+    held = max(f.body["sender"]["unacked"] for f in map(wire.decode, record.read(rec))
+               if f.kind == "report")
+    assert held >= 5
     rows = sqlite3.connect(cluster.db).execute(
         "SELECT boot, seq FROM frames WHERE host=? ORDER BY seq", (HOST,)).fetchall()
     stored = [(b, s) for b, s in rows]
