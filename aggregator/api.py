@@ -17,6 +17,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from c4.rdma_counters import COUNTER_SCALE, NODE_EXPORTER_METRICS
+
 from .ingest import Ingest
 
 log = logging.getLogger("c4.aggregator.api")
@@ -107,6 +109,31 @@ class _IngestMetrics:
         for status in ("up", "silent"):
             g.add_metric([status], sum(1 for h in hosts if h.status == status))
         yield g
+        yield from _rdma_metrics(hosts)
+
+
+def _rdma_metrics(hosts: list[Any]) -> Any:
+    """Every host's latest RDMA port counters: node_exporter's infiniband names where a counter
+    has one (dashboards keep working, with a `host` label added), `c4_rdma_port_counter` for
+    the rest (hw_counters: ECN marks, CNPs, out-of-sequence, ...)."""
+    labels = ["host", "device", "port"]
+    named: dict[str, CounterMetricFamily] = {}
+    other = CounterMetricFamily("c4_rdma_port_counter", "RDMA port counter by sysfs name",
+                                labels=[*labels, "counter"])
+    for h in hosts:
+        for p in (h.last_report.get("rdma") or {}).get("ports", []):
+            where = [h.name, p["dev"], str(p["port"])]
+            for name, value in p.get("counters", {}).items():
+                metric = NODE_EXPORTER_METRICS.get(name)
+                if metric is None:
+                    other.add_metric([*where, name], value)
+                    continue
+                if metric not in named:
+                    named[metric] = CounterMetricFamily(
+                        metric.removesuffix("_total"), f"sysfs counters/{name}", labels=labels)
+                named[metric].add_metric(where, value * COUNTER_SCALE.get(name, 1))
+    yield from named.values()
+    yield other
 
 
 def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:

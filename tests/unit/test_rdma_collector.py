@@ -9,7 +9,8 @@ import pytest
 
 from agent.collectors import OptionError, load
 from agent.collectors.base import Context
-from agent.collectors.rdma import COUNTER_SCALE, NODE_EXPORTER_METRICS, RdmaCollector
+from agent.collectors.rdma import RdmaCollector
+from c4.rdma_counters import COUNTER_SCALE, NODE_EXPORTER_METRICS
 from c4.wire import kinds
 
 
