@@ -16,6 +16,9 @@ class AgentConfig:
                             "ZeroMQ endpoint of the aggregator's ingest socket")
     interval: float = field(1.0, "seconds between reports")
     host: str = field("", "host name to report; empty: the system host name")
+    hello_interval: float = field(300.0, "seconds between repeated `hello` frames, so an "
+                                         "aggregator that lost its state, or a changed NIC "
+                                         "inventory, is caught up without restarting the agent")
     sysfs_root: Path = field(Path("/sys"), "root of sysfs (a fixture tree in tests)")
     proc_root: Path = field(Path("/proc"), "root of procfs")
     dev_root: Path = field(Path("/dev"), "directory holding `kmsg`")
@@ -41,6 +44,8 @@ class AgentConfig:
                               f"tcp://host:9465, got {self.aggregator!r}")
         if self.queue_max < 10:
             raise ConfigError(f"{where}queue_max: must be at least 10")
+        if self.hello_interval < self.interval:
+            raise ConfigError(f"{where}hello_interval: must be at least `interval`")
         if self.validate_every < 1:
             raise ConfigError(f"{where}validate_every: must be at least 1")
         if self.resend_after <= 0:

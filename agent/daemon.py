@@ -108,6 +108,7 @@ class Agent:
     def run(self) -> int:
         self.start_collectors()
         self.sender.send("hello", self.hello_body())
+        next_hello = self.clock() + self.cfg.hello_interval
         log.info("agent %s reporting to %s every %.3gs with %s", self.host, self.cfg.aggregator,
                  self.cfg.interval, ", ".join(c.name for c in self.collectors) or "no collectors")
         last = self.clock()
@@ -119,6 +120,9 @@ class Agent:
             now = self.clock()
             if now < next_at:
                 continue
+            if now >= next_hello:
+                self.sender.send("hello", self.hello_body())
+                next_hello = now + self.cfg.hello_interval
             self.collect_once(now, now - last)
             last = now
             # Skip missed ticks instead of bursting to catch up after a stall.

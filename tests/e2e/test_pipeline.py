@@ -218,3 +218,16 @@ def test_replay_reproduces_host_state(cluster: Cluster, sysfs: Path, tmp_path: P
 
     human = cluster.cli("replay", str(rec), api=False)
     assert human.returncode == 0 and HOST in human.stdout
+
+
+def test_agent_repeats_hello(cluster, sysfs: Path, tmp_path: Path) -> None:
+    """No aggregator at all: the agent still records what it sends, hello first and again
+    every hello_interval, so a restarted aggregator without its database catches up."""
+    rec = tmp_path / "hello.c4rec"
+    agent = cluster.start_agent(HOST, sysfs, interval=0.2, record=rec,
+                                extra="hello_interval = 0.6")
+    wait_for(lambda: rec.exists() and sum(
+        wire.decode(b).kind == "hello" for b in record.read(rec)) >= 3, what="three hellos")
+    assert agent.stop() == 0
+    kinds = [wire.decode(b).kind for b in record.read(rec)]
+    assert kinds[0] == "hello" and kinds.count("report") >= kinds.count("hello")
