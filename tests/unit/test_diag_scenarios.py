@@ -24,9 +24,9 @@ def run(tmp_path, faults, cfg=None, **sim):
     return res, score(truth, res.incidents, clock_origin(out, truth))
 
 
-def busiest_fabric_link(seed: int, **size) -> str:
+def busiest_fabric_link(seed: int, **cfg) -> str:
     """A fabric link the job's traffic crosses (ECMP choices depend on the seed)."""
-    job = Simulator(SimConfig(**size, seed=seed, realism=False)).jobs[0]
+    job = Simulator(SimConfig(**cfg, seed=seed, realism=False)).jobs[0]
     load: dict[str, int] = {}
     for c in job.conns:
         for lk in c.links:

@@ -13,13 +13,15 @@ import msgpack
 import pytest
 
 from aggregator.diagnosis.config import DiagnosisConfig
-from aggregator.diagnosis.model import Model
 from aggregator.diagnosis.evaluate import clock_origin, load_truth, score
+from aggregator.diagnosis.model import Model
 from aggregator.diagnosis.tcp import TcpDetector
 from aggregator.replay import replay
 from c4 import record
-from c4.sim import Fault, SimConfig, SimError, Simulator, simulate
+from c4.sim import Fault, SimConfig, SimError, simulate
 from c4.wire.sections.tcp_flows import SECTION
+
+from .test_diag_scenarios import busiest_fabric_link
 
 SIZES = {16: dict(hosts=16, gpus_per_host=2, leaves=4, spines=2),
          64: dict(hosts=64, gpus_per_host=1, leaves=8, spines=4)}
@@ -34,17 +36,6 @@ def run(tmp_path: Path, faults: list[str], size: int = 16, **sim: Any):
     return out, res, score(truth, res.incidents, clock_origin(out, truth))
 
 
-def busiest_fabric_link(size: int, seed: int) -> str:
-    job = Simulator(SimConfig(**SIZES[size], transport="tcp", seed=seed,
-                              realism=False)).jobs[0]
-    load: dict[str, int] = {}
-    for c in job.conns:
-        for lk in c.links:
-            if "spine" in lk:
-                load[lk] = load.get(lk, 0) + 1
-    return max(sorted(load), key=lambda lk: load[lk])
-
-
 CASES = [(16, "slow-node:node008@15", "s_per_gb"),
          (16, "slow-link:node008,node009@15", "retrans_per_mb"),
          (16, "lossy-link:BUSIEST@15", "retrans_per_mb"),
@@ -54,7 +45,7 @@ CASES = [(16, "slow-node:node008@15", "s_per_gb"),
 @pytest.mark.parametrize("size, spec, metric", CASES,
                          ids=[f"{s}-{f.split(':')[0]}" for s, f, _ in CASES])
 def test_tcp_faults_are_named(tmp_path, size, spec, metric):
-    spec = spec.replace("BUSIEST", busiest_fabric_link(size, seed=size))
+    spec = spec.replace("BUSIEST", busiest_fabric_link(size, **SIZES[size], transport="tcp"))
     _, res, sc = run(tmp_path, [spec], size, duration=35, seed=size)
     assert sc.named == 1, sc.misses
     assert sc.false_incidents == 0, sc.wrong
