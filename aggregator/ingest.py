@@ -67,12 +67,21 @@ class Ingest:
     # -- frames in ------------------------------------------------------------------------
     def handle(self, data: bytes, now: float) -> Outcome:
         try:
-            frame = wire.decode(data, self.max_frame)
-            if frame.kind not in kinds.FROM_AGENT:
-                raise Rejected("unexpected_kind",
-                               f"{frame.kind!r} travels aggregator -> agent only", frame.to_dict())
+            frame = self.decode(data)
         except Rejected as exc:
-            return self._reject(exc, now)
+            return self.reject(exc, now)
+        return self.accept(frame, data, now)
+
+    def decode(self, data: bytes) -> Frame:
+        """Decode and validate an agent's frame, or raise Rejected."""
+        frame = wire.decode(data, self.max_frame)
+        if frame.kind not in kinds.FROM_AGENT:
+            raise Rejected("unexpected_kind",
+                           f"{frame.kind!r} travels aggregator -> agent only", frame.to_dict())
+        return frame
+
+    def accept(self, frame: Frame, data: bytes, now: float) -> Outcome:
+        """Store and apply a frame `decode` returned (`data`: its bytes as received)."""
         h = self.registry.get(frame.host)
         seqs = self._seq_state(h, frame.boot)
         if frame.floor is not None:
@@ -137,7 +146,7 @@ class Ingest:
             if self.diagnosis is not None:
                 self.diagnosis.host_back(h.name, now)
 
-    def _reject(self, exc: Rejected, now: float) -> Outcome:
+    def reject(self, exc: Rejected, now: float) -> Outcome:
         self.rejected[exc.code] += 1
         env = exc.frame or {}
         host = env.get("host") if isinstance(env.get("host"), str) else None

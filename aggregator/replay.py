@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from c4 import record
+from c4.wire import Rejected
 
 from .config import AggregatorConfig
 from .server import build_core
@@ -60,28 +61,28 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
             topology = Topology.load(beside)
     elif isinstance(topology, (str, Path)):
         topology = Topology.load(topology)
-    now = None
+    now: float | None = None
     clock_box = [0.0]
     core = build_core(cfg, db_path=":memory:", topology=topology, clock=lambda: clock_box[0])
     ingest = core.ingest
     frames = 0
-    start = None
-    next_tick = None
-    pruned = 0.0
+    start: float | None = None
+    next_tick = pruned = 0.0
     offsets: dict[str, float] = {}  # host -> its clock minus the replay clock
     for data in record.read(path):
         frames += 1
-        ts, host = _peek(data)
-        if ts is not None:
-            # Host clocks are skewed by seconds: a host's first frame arrives "now" (recordings
-            # are in arrival order) and from then on its own clock advances the replay clock.
-            off = offsets.setdefault(host, 0.0 if now is None else ts - now)
-            now = ts - off if now is None else max(now, ts - off)
-        if now is None:
-            continue  # nothing timestamped yet: a garbage prefix, counted as rejected below
+        try:
+            frame = ingest.decode(data)
+        except Rejected as exc:
+            ingest.reject(exc, now or 0.0)  # counted as live ingest would; time does not move
+            continue
+        # Host clocks are skewed by seconds: a host's first frame arrives "now" (recordings are
+        # in arrival order) and from then on its own clock advances the replay clock.
+        off = offsets.setdefault(frame.host, 0.0 if now is None else frame.ts - now)
+        now = frame.ts - off if now is None else max(now, frame.ts - off)
         if start is None:
             start, next_tick, pruned = now, now + tick_s, now
-        while next_tick is not None and next_tick <= now:
+        while next_tick <= now:
             clock_box[0] = next_tick
             ingest.tick(next_tick)
             if next_tick - pruned >= PRUNE_EVERY_S:
@@ -89,7 +90,7 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
                 pruned = next_tick
             next_tick += tick_s
         clock_box[0] = now
-        ingest.handle(data, now)
+        ingest.accept(frame, data, now)
         ingest.take_acks(now)
     end = now if now is not None else 0.0
     clock_box[0] = end
@@ -101,18 +102,3 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
         hosts=[hosts[n].summary(end) for n in sorted(hosts)],
         incidents=diag.incidents(None), jobs=diag.jobs(), stats=ingest.stats())
 
-
-def _peek(data: bytes) -> tuple[float | None, str]:
-    """The frame's timestamp and host if it is a well-formed envelope; ingest validates it."""
-    import msgpack
-
-    try:
-        obj = msgpack.unpackb(data, raw=False, max_ext_len=0)
-    except Exception:
-        return None, ""
-    ts = obj.get("ts") if isinstance(obj, dict) else None
-    host = obj.get("host") if isinstance(obj, dict) else None
-    host = host if isinstance(host, str) else ""
-    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
-        return float(ts), host
-    return None, host
