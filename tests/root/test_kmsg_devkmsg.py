@@ -11,7 +11,7 @@ import pytest
 
 from agent.collectors.base import Context
 from agent.collectors.kmsg import KmsgCollector
-from c4.wire import kinds
+from tests.wire_check import validate_section
 
 DEV = Path("/dev")
 
@@ -38,7 +38,7 @@ def test_history_parses_every_real_record(devkmsg):
         s = c.collect(1.0)
     finally:
         c.close()
-    kinds.validate_body("report", {"interval": 1.0, "health": {}, "kmsg": s.section})
+    validate_section("kmsg", s.section)
     assert s.section["records"] > 0 and s.section["malformed"] == 0
 
 
@@ -54,7 +54,7 @@ def test_tail_reads_new_records_and_ignores_user_space_lookalikes(devkmsg):
         s = c.collect(2.0)
     finally:
         c.close()
-    kinds.validate_body("report", {"interval": 1.0, "health": {}, "kmsg": s.section})
+    validate_section("kmsg", s.section)
     assert s.section["records"] - before >= 3 and s.section["ignored"] >= 3
     assert s.section["malformed"] == 0 and s.section["overwritten"] == 0
     assert not [e for e in s.events if (e.attrs.get("process") or "").startswith("c4-test")]

@@ -14,7 +14,7 @@ import pytest
 
 from agent.collectors.base import Context, Sample
 from agent.collectors.tcp_flows import TcpFlowsCollector
-from c4.wire.kinds import validate_body
+from tests.wire_check import validate_sample, validate_section
 
 from ._netns import Pair, drop_ingress, free_port, netns_pair, nft_dropped
 
@@ -126,11 +126,8 @@ def test_lossy_transfer_matches_kernel_counters(pair: Pair, collector_factory: A
     samples, tx_pid, rx_pid = run_transfer(pair, c, port, n)
     kernel_retrans = pair.retrans_segs() - before
 
-
     for s in samples:
-        validate_body("report", {"interval": 0.5, "health": {}, "tcp_flows": s.section})
-        for e in s.events:
-            validate_body("event", e.body())
+        validate_sample("tcp_flows", s)
     sender = rows(samples, saddr=pair.addr_a, daddr=pair.addr_b, dport=port)
     receiver = rows(samples, saddr=pair.addr_b, daddr=pair.addr_a, sport=port)
     assert sender and receiver
@@ -304,7 +301,7 @@ def test_cgroup_filter_keeps_only_the_jobs_flows(pair: Pair, collector_factory: 
             if pr.poll() is None:
                 pr.kill()
             pr.wait()
-    validate_body("report", {"interval": 1.0, "health": {}, "tcp_flows": sample.section})
+    validate_section("tcp_flows", sample.section)
     ours = [f for f in sample.section["flows"] if port in (f["sport"], f["dport"])]
     # the sender's flow only: the receiver's owner is outside the cgroup
     assert [(f["saddr"], f["dport"], f["pid"]) for f in ours] == [(pair.addr_a, port, tx.pid)]

@@ -10,7 +10,7 @@ import pytest
 from agent.collectors import CollectorUnavailable, OptionError, load
 from agent.collectors.base import Context
 from agent.collectors.kmsg import KmsgCollector
-from c4.wire import kinds
+from tests.wire_check import validate_sample
 
 
 def dev_root(fixtures: Path, tmp_path: Path, name: str) -> Path:
@@ -25,9 +25,7 @@ def make(root: Path, **options) -> KmsgCollector:
 
 
 def valid(sample) -> None:
-    kinds.validate_body("report", {"interval": 1.0, "health": {}, "kmsg": sample.section})
-    for ev in sample.events:
-        kinds.validate_body("event", ev.body())
+    validate_sample("kmsg", sample)
 
 
 def test_registered_under_its_name():

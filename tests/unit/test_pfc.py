@@ -15,7 +15,7 @@ from agent.collectors import OptionError, load
 from agent.collectors.base import Context
 from agent.collectors.pfc import PAUSE_STAT, PfcCollector
 from agent.ethtool import EthtoolError
-from c4.wire import kinds
+from tests.wire_check import validate_sample
 
 
 def parse_ethtool_s(text: str) -> dict[str, int]:
@@ -56,9 +56,7 @@ def make(root: Path, reader: Callable, **options) -> PfcCollector:
 
 
 def valid(sample) -> None:
-    kinds.validate_body("report", {"interval": 1.0, "health": {}, "pfc": sample.section})
-    for ev in sample.events:
-        kinds.validate_body("event", ev.body())
+    validate_sample("pfc", sample)
 
 
 def test_registered_under_its_name():

@@ -12,6 +12,7 @@ from agent.collectors.base import Context
 from agent.collectors.rdma import RdmaCollector
 from c4.rdma_counters import COUNTER_SCALE, NODE_EXPORTER_METRICS
 from c4.wire import kinds
+from tests.wire_check import validate_sample
 
 
 def copy_tree(fixtures: Path, name: str, tmp_path: Path) -> Path:
@@ -52,9 +53,7 @@ def by_port(sample) -> dict:
 
 
 def valid_report(sample) -> None:
-    kinds.validate_body("report", {"interval": 1.0, "health": {}, "rdma": sample.section})
-    for ev in sample.events:
-        kinds.validate_body("event", ev.body())
+    validate_sample("rdma", sample)
 
 
 def test_registered_under_its_name():

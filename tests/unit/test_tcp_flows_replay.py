@@ -13,7 +13,7 @@ from agent.collectors.tcp_flows import (
     FLOW_LAYOUT, HOT_FIELDS, HOT_LAYOUT, FlowEntry, Reporter, Snapshot, decode_event,
     detect_features, drop_counts, parse_options,
 )
-from c4.wire.kinds import validate_body
+from tests.wire_check import validate_sample
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +97,7 @@ def test_deltas_then_closed_once_then_forgotten(capture: dict[str, Any], fixture
 def test_reports_validate_against_the_wire_schema(capture: dict[str, Any],
                                                   fixtures: Path) -> None:
     for s in replay(reporter(fixtures), capture):
-        validate_body("report", {"interval": 1.0, "health": {}, "tcp_flows": s.section})
-        for e in s.events:
-            validate_body("event", e.body())
+        validate_sample("tcp_flows", s)
 
 
 def test_top_flows_by_activity_and_omitted_count(capture: dict[str, Any],
