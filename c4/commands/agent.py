@@ -21,11 +21,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import zmq
+
     from agent.config import AgentConfig
     from agent.daemon import run
 
     try:
         cfg = config.load(AgentConfig, args.config)
+        return run(cfg, record_path=args.record)
     except config.ConfigError as exc:
         return fail(str(exc), 2)
-    return run(cfg, record_path=args.record)
+    except (OSError, zmq.ZMQError) as exc:  # an endpoint ZeroMQ cannot parse, an unwritable --record
+        return fail(f"cannot start the agent: {exc}", 1)

@@ -87,3 +87,12 @@ def test_cli_reference_documents_every_flag() -> None:
 
     walk(build_parser(), "")
     assert not missing, f"docs/cli.md lacks: {missing}"
+
+
+def test_agent_with_an_unusable_endpoint_is_a_clear_error(tmp_path) -> None:
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('aggregator = "tcp://no such host:port"\n[collectors]\nenabled = ["host"]\n')
+    out = subprocess.run([sys.executable, "-m", "c4.cli", "agent", "run", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "cannot start the agent" in out.stderr and "Traceback" not in out.stderr
