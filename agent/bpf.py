@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import platform
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
 from .collectors.base import CollectorUnavailable
 
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+# bpf/*.c ships as package data of `c4.bpf` (pyproject package-dir), so an installed wheel
+# finds its programs without the checkout.
+BPF_DIR = Path(str(resources.files("c4.bpf")))
 TRACEFS = Path("/sys/kernel/tracing")
 BTF_VMLINUX = Path("/sys/kernel/btf/vmlinux")
 

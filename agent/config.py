@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from c4.config import ConfigError, field
+from c4.core.config import ConfigError, field
 
 from .collectors import DEFAULT_ENABLED, REGISTRY
 

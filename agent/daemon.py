@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from c4 import __version__
-from c4.wire import Frame
+from c4.core.wire import Frame
 
 from . import collectors as registry
 from .collectors import Collector, CollectorUnavailable, Context, OptionError

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import zmq
 
-from c4 import record, wire
-from c4.wire import Frame, Rejected
+from c4.core import record, wire
+from c4.core.wire import Frame, Rejected
 
 
 @dataclass

@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from c4.config import ConfigError, field
+from c4.core.config import ConfigError, field
 
 CLASSES = (
     "comm_hang", "noncomm_hang", "comm_slow", "noncomm_slow", "hw_xid", "hw_nic_down",

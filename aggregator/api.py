@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from c4.rdma_counters import COUNTER_SCALE, NODE_EXPORTER_METRICS
+from c4.core.catalog import COUNTER_SCALE, NODE_EXPORTER_METRICS
 
 from .ingest import Ingest
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from c4.config import ConfigError, field
+from c4.core.config import ConfigError, field
 
 
 @dataclass
@@ -20,7 +20,7 @@ class AggregatorConfig:
     silent_after: float = field(0.0, "seconds without a frame before a host is marked silent; "
                                 "0: five report intervals, at least 5 s")
     frames_retention_s: float = field(3600.0, "how long stored frames are kept (seconds)")
-    topology: str = field("", "topology JSON file (c4/topology.py); empty: none")
+    topology: str = field("", "topology JSON file (c4/core/topology.py); empty: none")
     diagnosis: dict[str, Any] = field({}, "C4D thresholds (docs/diagnosis.md)")
     actions: dict[str, Any] = field({}, "action policy (docs/actions.md)")
 

@@ -12,8 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from c4 import wire
-from c4.wire import Frame, Rejected, kinds
+from c4.core import wire
+from c4.core.wire import Frame, Rejected, kinds
 
 from .state import HostRegistry, HostState, SeqState
 from .store import Store

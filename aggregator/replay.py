@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from c4 import record
-from c4.wire import Rejected
+from c4.core import record
+from c4.core.wire import Rejected
 
 from .config import AggregatorConfig
 from .server import build_core
@@ -47,7 +47,7 @@ def topology_beside(path: Path) -> Path | None:
 
 def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | None = None,
            tick_s: float = 1.0) -> ReplayResult:
-    from c4.topology import Topology
+    from c4.core.topology import Topology
 
     path = Path(path)
     cfg = cfg or AggregatorConfig()

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import zmq
 
-from c4 import config as c4config
-from c4 import wire
+from c4.core import config as c4config
+from c4.core import wire
 
 from .api import Api, serve
 from .config import AggregatorConfig
@@ -36,7 +36,7 @@ class Core:
 
 def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: Any = None,
                clock: Callable[[], float] = time.time, check_same_thread: bool = True) -> Core:
-    from c4.topology import Topology
+    from c4.core.topology import Topology
 
     from .actions import ActionRunner, ActionsConfig
     from .diagnosis import Diagnosis

@@ -10,7 +10,7 @@ CPU time measured here (time.process_time) is the collector's: reading the maps,
 building the section. Target: <= 1% of one core. `--seconds` should cover a
 `refresh_intervals` period (default 30) so that the full refresh is in the average. Also
 measured apart: encoding each report as the agent's sender does (schema validation and
-msgpack, c4.wire.encode), a cost that scales with the flows listed too.
+msgpack, c4.core.wire.encode), a cost that scales with the flows listed too.
 
 About memory: most of the RSS is BCC itself. BCC links LLVM/clang and compiles
 bpf/tcp_flows.c at start (~1 s, tens of MiB that stay mapped). A libbpf CO-RE skeleton or a
@@ -31,9 +31,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.collectors import Context  # noqa: E402
-from agent.collectors.tcp_flows import TcpFlowsCollector  # noqa: E402
-from c4 import wire  # noqa: E402
+from c4.agent.collectors import Context  # noqa: E402
+from c4.agent.collectors.tcp_flows import TcpFlowsCollector  # noqa: E402
+from c4.core import wire  # noqa: E402
 
 TRICKLE = r"""
 import resource, selectors, socket, sys, time

@@ -7,8 +7,8 @@ numbers; asserts nothing; needs no root.
                                      [--mix agent|tcp1000|sim ...]
 
 Stages (each one includes the work of the ones above it):
-  unpack      msgpack.unpackb with the limits c4.wire.decode passes (the baseline, 1.00x)
-  decode      c4.wire.decode: unpack + envelope and body schema validation
+  unpack      msgpack.unpackb with the limits c4.core.wire.decode passes (the baseline, 1.00x)
+  decode      c4.core.wire.decode: unpack + envelope and body schema validation
   ingest/mem  Ingest.handle (dedup, store, host state), SQLite :memory:, no diagnosis
   ingest/wal  the same on an on-disk WAL SQLite (synchronous=NORMAL) in a temp dir
   full        build_core() as `c4 aggregator run` wires it (on-disk WAL db, C4D diagnosis,
@@ -48,15 +48,15 @@ except ImportError:
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from aggregator.config import AggregatorConfig  # noqa: E402
-from aggregator.ingest import Ingest  # noqa: E402
-from aggregator.server import build_core  # noqa: E402
-from aggregator.state import HostRegistry  # noqa: E402
-from aggregator.store import Store, connect  # noqa: E402
-from c4 import record, wire  # noqa: E402
-from c4.sim import SimConfig, simulate  # noqa: E402
-from c4.topology import Topology  # noqa: E402
-from c4.wire import Frame  # noqa: E402
+from c4.aggregator.config import AggregatorConfig  # noqa: E402
+from c4.aggregator.ingest import Ingest  # noqa: E402
+from c4.aggregator.server import build_core  # noqa: E402
+from c4.aggregator.state import HostRegistry  # noqa: E402
+from c4.aggregator.store import Store, connect  # noqa: E402
+from c4.core import record, wire  # noqa: E402
+from c4.lab.sim import SimConfig, simulate  # noqa: E402
+from c4.core.topology import Topology  # noqa: E402
+from c4.core.wire import Frame  # noqa: E402
 
 GOLDEN = ROOT / "tests/fixtures/wire/agent.c4rec"
 TCP_FLOWS = 1000

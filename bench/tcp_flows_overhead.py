@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.collectors import Context  # noqa: E402
-from agent.collectors.tcp_flows import TcpFlowsCollector  # noqa: E402
+from c4.agent.collectors import Context  # noqa: E402
+from c4.agent.collectors.tcp_flows import TcpFlowsCollector  # noqa: E402
 
 PINGPONG = r"""
 import json, resource, socket, sys, threading, time

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.collectors import Context  # noqa: E402
-from agent.collectors.verbs_qp import VerbsQpCollector  # noqa: E402
+from c4.agent.collectors import Context  # noqa: E402
+from c4.agent.collectors.verbs_qp import VerbsQpCollector  # noqa: E402
 from tests.verbs import harness  # noqa: E402
 
 

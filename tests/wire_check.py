@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.collectors.base import Sample
-from c4.wire import kinds
+from c4.agent.collectors.base import Sample
+from c4.core.wire import kinds
 
 
 def validate_section(name: str, section: Any) -> Any:

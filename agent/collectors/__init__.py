@@ -6,15 +6,15 @@ import importlib
 
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 
-# name -> "module:Class". The name is also the report section (c4/wire/sections/<name>.py).
+# name -> "module:Class". The name is also the report section (c4/core/wire/sections/<name>.py).
 REGISTRY: dict[str, str] = {
-    "host": "agent.collectors.host:HostCollector",
-    "rdma": "agent.collectors.rdma:RdmaCollector",
-    "pfc": "agent.collectors.pfc:PfcCollector",
-    "kmsg": "agent.collectors.kmsg:KmsgCollector",
-    "tcp_flows": "agent.collectors.tcp_flows:TcpFlowsCollector",
-    "verbs_qp": "agent.collectors.verbs_qp:VerbsQpCollector",
-    "nccl": "agent.collectors.nccl:NcclCollector",
+    "host": "c4.agent.collectors.host:HostCollector",
+    "rdma": "c4.agent.collectors.rdma:RdmaCollector",
+    "pfc": "c4.agent.collectors.pfc:PfcCollector",
+    "kmsg": "c4.agent.collectors.kmsg:KmsgCollector",
+    "tcp_flows": "c4.agent.collectors.tcp_flows:TcpFlowsCollector",
+    "verbs_qp": "c4.agent.collectors.verbs_qp:VerbsQpCollector",
+    "nccl": "c4.agent.collectors.nccl:NcclCollector",
 }
 DEFAULT_ENABLED = ("host", "rdma", "pfc", "kmsg", "tcp_flows", "verbs_qp", "nccl")
 

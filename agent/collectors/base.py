@@ -38,7 +38,7 @@ class Context:
 @dataclass
 class Event:
     """A discrete occurrence; becomes one `event` frame (docs/wire.md). `type` must be
-    registered in c4/wire/sections/<collector>.py EVENTS with the schema of `attrs`."""
+    registered in c4/core/wire/sections/<collector>.py EVENTS with the schema of `attrs`."""
 
     type: str
     severity: str  # info | warning | error | critical

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from c4.rdma_counters import COUNTER_SCALE
+from c4.core.catalog import COUNTER_SCALE
 
 from .. import rdma_sysfs as sysfs
 from ..deltas import Change, CounterTracker

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from c4.wire.sections.tcp_flows import MAX_FLOWS_PER_REPORT
+from c4.core.wire.sections.tcp_flows import MAX_FLOWS_PER_REPORT
 
 from .. import bpf
 from ..jobs import JobResolver

@@ -1,5 +1,5 @@
 """QP lifecycle of verbs applications (NCCL, any libibverbs user) from uprobes on libibverbs,
-with the RoCEv2 UDP source port each QP uses (c4.roce), plus the kernel's QP list.
+with the RoCEv2 UDP source port each QP uses (c4.core.roce), plus the kernel's QP list.
 
 Uprobes on a library path apply to every process that maps that file, running now or started
 later; no process needs restarting and nothing is injected into it.
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from c4.roce import sport_for_qp
-from c4.wire.sections.verbs_qp import MAX_QPS_PER_REPORT, QP_STATES
+from c4.core.roce import sport_for_qp
+from c4.core.wire.sections.verbs_qp import MAX_QPS_PER_REPORT, QP_STATES
 
 from ..bpf import BPF_DIR, load
 from ..elf_symbols import ElfError, elf_machine, find_function
@@ -72,7 +72,7 @@ def format_gid(raw: bytes) -> str:
 
 
 def qp_entry(raw: RawQp, exited: bool = False) -> dict[str, Any]:
-    """The wire form of one QP (c4/wire/sections/verbs_qp.py QP)."""
+    """The wire form of one QP (c4/core/wire/sections/verbs_qp.py QP)."""
     qp_type = QP_TYPE_NAMES.get(raw.qp_type, "UNKNOWN")
     rqpn = raw.dest_qpn if raw.known & IBV_QP_DEST_QPN else None
     has_av = bool(raw.known & IBV_QP_AV)

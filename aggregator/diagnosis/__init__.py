@@ -12,7 +12,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from c4.wire import Frame
+from c4.core.wire import Frame
 
 from .config import DiagnosisConfig
 from .counters import Counters

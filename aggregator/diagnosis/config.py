@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from c4.config import ConfigError, field
+from c4.core.config import ConfigError, field
 
 
 @dataclass

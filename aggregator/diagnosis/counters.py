@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from c4.topology import endpoint
+from c4.core.topology import endpoint
 
 from .config import DiagnosisConfig
 from .model import Cell, Comm

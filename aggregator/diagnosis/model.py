@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from c4.topology import Topology, endpoint, pair_id
+from c4.core.topology import Topology, endpoint, pair_id
 
 from .localise import PRIO_ACCESS, PRIO_FABRIC, PRIO_HOST, PRIO_NIC, PRIO_PAIR, Component
 from .stats import median

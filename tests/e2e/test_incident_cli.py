@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 import zmq
 
-from c4 import record, wire
+from c4.core import record, wire
 
 from .procs import REPO, Cluster, c4_cmd, env, free_port, wait_for
 

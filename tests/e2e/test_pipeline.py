@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import zmq
 
-from c4 import record, wire
+from c4.core import record, wire
 
 from .procs import Cluster, wait_for
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import Context
-from agent.collectors.nccl import NcclCollector
-from c4.wire.kinds import validate_body
+from c4.agent.collectors.base import Context
+from c4.agent.collectors.nccl import NcclCollector
+from c4.core.wire.kinds import validate_body
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "plugin"

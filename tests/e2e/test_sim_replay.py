@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from aggregator.diagnosis.evaluate import clock_origin, load_truth, score
-from c4.sim import SimConfig, Simulator
+from c4.lab.evaluate import clock_origin, load_truth, score
+from c4.lab.sim import SimConfig, Simulator
 
 from .procs import REPO, c4_cmd, env
 

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 import pytest
 
-from agent.collectors.base import Context
-from agent.collectors.pfc import PfcCollector
-from agent.ethtool import EthtoolError, read_stats
+from c4.agent.collectors.base import Context
+from c4.agent.collectors.pfc import PfcCollector
+from c4.agent.ethtool import EthtoolError, read_stats
 from tests.wire_check import validate_section
 
 CLONE_NEWNET = 0x40000000

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import Context
-from agent.collectors.kmsg import KmsgCollector
+from c4.agent.collectors.base import Context
+from c4.agent.collectors.kmsg import KmsgCollector
 from tests.wire_check import validate_section
 
 DEV = Path("/dev")

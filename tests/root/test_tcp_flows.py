@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from agent.collectors.base import Context, Sample
-from agent.collectors.tcp_flows import TcpFlowsCollector
+from c4.agent.collectors.base import Context, Sample
+from c4.agent.collectors.tcp_flows import TcpFlowsCollector
 from tests.wire_check import validate_sample, validate_section
 
 from ._netns import Pair, drop_ingress, free_port, netns_pair, nft_dropped

@@ -7,9 +7,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from agent.collectors import CollectorUnavailable, Context
-from agent.collectors.verbs_qp import VerbsQpCollector
-from c4.roce import rdma_flow_label_to_udp_sport, sport_for_qp
+from c4.agent.collectors import CollectorUnavailable, Context
+from c4.agent.collectors.verbs_qp import VerbsQpCollector
+from c4.core.roce import rdma_flow_label_to_udp_sport, sport_for_qp
 from tests.verbs import harness
 from tests.wire_check import validate_section
 

@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from aggregator.actions import ActionRunner, ActionsConfig, parse_node_state
-from c4.config import ConfigError, build
+from c4.aggregator.actions import ActionRunner, ActionsConfig, parse_node_state
+from c4.core.config import ConfigError, build
 
 NOW = 1718000031.25
 

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from c4 import config
-from c4.config import ConfigError
+from c4.core import config
+from c4.core.config import ConfigError
 
-from agent.config import AgentConfig
-from aggregator.config import AggregatorConfig
+from c4.agent.config import AgentConfig
+from c4.aggregator.config import AggregatorConfig
 
 
 def _load(tmp_path: Path, cls, text: str):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from c4.config import ConfigError, build
-from aggregator.diagnosis.config import DiagnosisConfig
+from c4.core.config import ConfigError, build
+from c4.aggregator.diagnosis.config import DiagnosisConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "diagnosis.md"
 

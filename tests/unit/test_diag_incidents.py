@@ -7,10 +7,10 @@ import sqlite3
 
 import pytest
 
-from aggregator.actions import ActionRunner, ActionsConfig, Rule
-from aggregator.diagnosis.config import DiagnosisConfig
-from aggregator.diagnosis.findings import Finding, Suspect
-from aggregator.diagnosis.incidents import Incidents
+from c4.aggregator.actions import ActionRunner, ActionsConfig, Rule
+from c4.aggregator.diagnosis.config import DiagnosisConfig
+from c4.aggregator.diagnosis.findings import Finding, Suspect
+from c4.aggregator.diagnosis.incidents import Incidents
 
 LOG = logging.getLogger("test.diag")
 

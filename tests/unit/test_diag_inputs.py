@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from aggregator.diagnosis import Diagnosis, DiagnosisConfig
-from c4.wire import Frame, kinds
+from c4.aggregator.diagnosis import Diagnosis, DiagnosisConfig
+from c4.core.wire import Frame, kinds
 
 COMM = "00000000000000c4"
 

@@ -1,9 +1,9 @@
 """localise.py: naming the component behind bad connections, on a real topology's paths."""
 from __future__ import annotations
 
-from c4.topology import Topology, endpoint, pair_id
-from aggregator.diagnosis import localise
-from aggregator.diagnosis.localise import (PRIO_ACCESS, PRIO_FABRIC, PRIO_HOST, PRIO_NIC,
+from c4.core.topology import Topology, endpoint, pair_id
+from c4.aggregator.diagnosis import localise
+from c4.aggregator.diagnosis.localise import (PRIO_ACCESS, PRIO_FABRIC, PRIO_HOST, PRIO_NIC,
                                            PRIO_PAIR)
 
 

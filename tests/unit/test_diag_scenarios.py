@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from aggregator.config import AggregatorConfig
-from aggregator.diagnosis.evaluate import clock_origin, load_truth, score
-from aggregator.replay import replay
-from c4.sim import Fault, SimConfig, Simulator, simulate
+from c4.aggregator.config import AggregatorConfig
+from c4.lab.evaluate import clock_origin, load_truth, score
+from c4.aggregator.replay import replay
+from c4.lab.sim import Fault, SimConfig, Simulator, simulate
 
 SIZES = {16: dict(hosts=4, gpus_per_host=4, leaves=4, spines=2),
          256: dict(hosts=32, gpus_per_host=8, leaves=8, spines=4)}

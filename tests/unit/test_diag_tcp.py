@@ -12,14 +12,14 @@ from typing import Any
 import msgpack
 import pytest
 
-from aggregator.diagnosis.config import DiagnosisConfig
-from aggregator.diagnosis.evaluate import clock_origin, load_truth, score
-from aggregator.diagnosis.model import Model
-from aggregator.diagnosis.tcp import TcpDetector
-from aggregator.replay import replay
-from c4 import record
-from c4.sim import Fault, SimConfig, SimError, simulate
-from c4.wire.sections.tcp_flows import SECTION
+from c4.aggregator.diagnosis.config import DiagnosisConfig
+from c4.lab.evaluate import clock_origin, load_truth, score
+from c4.aggregator.diagnosis.model import Model
+from c4.aggregator.diagnosis.tcp import TcpDetector
+from c4.aggregator.replay import replay
+from c4.core import record
+from c4.lab.sim import Fault, SimConfig, SimError, simulate
+from c4.core.wire.sections.tcp_flows import SECTION
 
 from .test_diag_scenarios import busiest_fabric_link
 
@@ -129,8 +129,8 @@ def test_closed_flow_is_forgotten_and_flows_without_job_are_skipped(reports):
 
 def test_agent_rows_carry_the_owner_job(tmp_path):
     """The agent reads the job id from the owner's environment (agent/jobs.py)."""
-    from agent.collectors.tcp_flows import FlowTable
-    from agent.jobs import JobResolver
+    from c4.agent.collectors.tcp_flows import FlowTable
+    from c4.agent.jobs import JobResolver
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures"
     snap = json.loads((fixtures / "tcp_flows" / "capture.json").read_text())["snapshots"][0]

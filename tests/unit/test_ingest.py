@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from c4 import wire
-from c4.wire import Frame
+from c4.core import wire
+from c4.core.wire import Frame
 
-from aggregator.ingest import Ingest
-from aggregator.state import HostRegistry
-from aggregator.store import Store, connect
+from c4.aggregator.ingest import Ingest
+from c4.aggregator.state import HostRegistry
+from c4.aggregator.store import Store, connect
 
 
 def _ingest(db: Path | str = ":memory:") -> Ingest:

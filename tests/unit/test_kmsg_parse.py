@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.kmsg_parse import (
+from c4.agent.kmsg_parse import (
     XID_CODES, Malformed, classify, group_lines, parse_record, unescape,
 )
-from c4.wire import kinds
+from c4.core.wire import kinds
 
 
 def event_body(m) -> dict:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import CollectorUnavailable, Context, OptionError
-from agent.collectors.nccl import NcclCollector
-from agent.jobs import JobResolver
-from agent.plugin_proto import decode
-from c4.wire.kinds import validate_body
+from c4.agent.collectors.base import CollectorUnavailable, Context, OptionError
+from c4.agent.collectors.nccl import NcclCollector
+from c4.agent.jobs import JobResolver
+from c4.agent.plugin_proto import decode
+from c4.core.wire.kinds import validate_body
 
 NOW = 1000.0
 
@@ -240,7 +240,7 @@ def test_buffer_overflow_is_counted_dropped(ctx, golden):
 
 
 def test_datagrams_the_plugin_could_not_send_are_reported(collector, send, golden):
-    from agent.plugin_proto import HEADER
+    from c4.agent.plugin_proto import HEADER
 
     data = bytearray(golden["summary"])
     struct.pack_into("<Q", data, HEADER.size - 8, 7)  # the header's last field: unsent count

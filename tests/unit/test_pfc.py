@@ -11,10 +11,10 @@ from typing import Callable
 
 import pytest
 
-from agent.collectors import OptionError, load
-from agent.collectors.base import Context
-from agent.collectors.pfc import PAUSE_STAT, PfcCollector
-from agent.ethtool import EthtoolError
+from c4.agent.collectors import OptionError, load
+from c4.agent.collectors.base import Context
+from c4.agent.collectors.pfc import PAUSE_STAT, PfcCollector
+from c4.agent.ethtool import EthtoolError
 from tests.wire_check import validate_sample
 
 

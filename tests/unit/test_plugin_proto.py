@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from agent import plugin_proto as pp
+from c4.agent import plugin_proto as pp
 
 CHUNK = 512 * 1024  # the harness's step size in summary.bin
 OP_BYTES = 8 * 2 * CHUNK  # AllReduce payload per op: 8 steps x 2 halves

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors import OptionError, load
-from agent.collectors.base import Context
-from agent.collectors.rdma import RdmaCollector
-from c4.rdma_counters import COUNTER_SCALE, NODE_EXPORTER_METRICS
-from c4.wire import kinds
+from c4.agent.collectors import OptionError, load
+from c4.agent.collectors.base import Context
+from c4.agent.collectors.rdma import RdmaCollector
+from c4.core.catalog import COUNTER_SCALE, NODE_EXPORTER_METRICS
+from c4.core.wire import kinds
 from tests.wire_check import validate_sample
 
 

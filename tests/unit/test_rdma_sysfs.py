@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import rdma_sysfs as sysfs
+from c4.agent import rdma_sysfs as sysfs
 
 
 def copy_tree(fixtures: Path, name: str, tmp_path: Path) -> Path:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from c4 import record
+from c4.core import record
 
 
 def test_roundtrip_and_append(tmp_path: Path) -> None:

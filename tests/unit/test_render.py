@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console, RenderableType
 
-from c4.render import flatten, fmt_duration, heatmap, incident_view, incidents_table, window
+from c4.cli.render import flatten, fmt_duration, heatmap, incident_view, incidents_table, window
 
 NOW = 1718002000.0  # 2024-06-10 06:46:40Z
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aggregator.replay import replay
-from c4 import record
+from c4.aggregator.replay import replay
+from c4.core import record
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "wire" / "agent.c4rec"
 

@@ -1,4 +1,4 @@
-"""c4.roce against known ports and against the kernel's own C code (tests/verbs/roce_sport.c)."""
+"""c4.core.roce against known ports and against the kernel's own C code (tests/verbs/roce_sport.c)."""
 from __future__ import annotations
 
 import random
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from c4.roce import rdma_calc_flow_label, rdma_flow_label_to_udp_sport, sport_for_qp
+from c4.core.roce import rdma_calc_flow_label, rdma_flow_label_to_udp_sport, sport_for_qp
 from tests.verbs import harness
 
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import zmq
 
-from agent.sender import Sender
-from aggregator.ingest import Ingest
-from aggregator.state import HostRegistry
-from aggregator.store import Store, connect
-from c4 import wire
+from c4.agent.sender import Sender
+from c4.aggregator.ingest import Ingest
+from c4.aggregator.state import HostRegistry
+from c4.aggregator.store import Store, connect
+from c4.core import wire
 
 
 class Router:

@@ -7,10 +7,10 @@ from collections import defaultdict
 
 import pytest
 
-from c4 import record, wire
+from c4.core import record, wire
 from c4.cli import main as cli
-from c4.sim import EPOCH, Fault, SimConfig, SimError, simulate
-from c4.topology import Topology
+from c4.lab.sim import EPOCH, Fault, SimConfig, SimError, simulate
+from c4.core.topology import Topology
 
 
 def _frames(path):

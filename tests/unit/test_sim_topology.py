@@ -1,9 +1,9 @@
-"""c4/topology.py: the leaf-spine model shared by C4D and C4P."""
+"""c4/core/topology.py: the leaf-spine model shared by C4D and C4P."""
 from __future__ import annotations
 
 import pytest
 
-from c4.topology import Topology, TopologyError, pair_id
+from c4.core.topology import Topology, TopologyError, pair_id
 
 
 def test_leaf_spine_places_hosts_in_blocks_and_links_every_leaf_to_every_spine():

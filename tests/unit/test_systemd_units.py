@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig
-from aggregator.config import AggregatorConfig
+from c4.agent.config import AgentConfig
+from c4.aggregator.config import AggregatorConfig
 from c4.cli import build_parser
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"

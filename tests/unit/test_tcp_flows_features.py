@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import CollectorUnavailable
-from agent.collectors.tcp_flows import detect_features, read_format
+from c4.agent.collectors.base import CollectorUnavailable
+from c4.agent.collectors.tcp_flows import detect_features, read_format
 
 
 @pytest.fixture

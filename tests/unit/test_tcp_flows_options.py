@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import CollectorUnavailable, OptionError
-from agent.collectors.tcp_flows import Options, cgroup_target, parse_options
+from c4.agent.collectors.base import CollectorUnavailable, OptionError
+from c4.agent.collectors.tcp_flows import Options, cgroup_target, parse_options
 
 
 def test_defaults() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.collectors.tcp_flows import (
+from c4.agent.collectors.tcp_flows import (
     FLOW_LAYOUT, HOT_FIELDS, HOT_LAYOUT, FlowEntry, Reporter, Snapshot, decode_event,
     detect_features, drop_counts, parse_options,
 )

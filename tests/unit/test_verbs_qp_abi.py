@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from agent.collectors import verbs_qp
-from agent.bpf import BPF_DIR
-from c4.wire.sections.verbs_qp import QP_STATES
+from c4.agent.collectors import verbs_qp
+from c4.agent.bpf import BPF_DIR
+from c4.core.wire.sections.verbs_qp import QP_STATES
 from tests.verbs import harness
 
 HEADER = BPF_DIR / "verbs_qp_abi.h"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.elf_symbols import ElfError, elf_machine, find_function
+from c4.agent.elf_symbols import ElfError, elf_machine, find_function
 from tests.verbs import harness
 
 SYSTEM_LIB = Path("/lib/x86_64-linux-gnu/libibverbs.so.1")

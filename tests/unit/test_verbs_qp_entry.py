@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from agent.collectors.verbs_qp import (IBV_QP_AV, IBV_QP_DEST_QPN, IBV_QP_PORT, RawQp,
+from c4.agent.collectors.verbs_qp import (IBV_QP_AV, IBV_QP_DEST_QPN, IBV_QP_PORT, RawQp,
                                        format_gid, qp_entry)
-from c4.roce import rdma_flow_label_to_udp_sport
-from c4.wire.kinds import validate_body
-from c4.wire.schema import Invalid
+from c4.core.roce import rdma_flow_label_to_udp_sport
+from c4.core.wire.kinds import validate_body
+from c4.core.wire.schema import Invalid
 
 DGID = bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 2])  # RoCEv2 GID of 10.0.0.2
 # an NCCL RC QP after INIT (port 1) and RTR (dest 0x423c, flow label 0) -> RTS

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors import Context, OptionError
-from agent.collectors.verbs_qp import VerbsQpCollector, find_library
-from agent.rdma_netlink import DEFAULT_COMMAND
+from c4.agent.collectors import Context, OptionError
+from c4.agent.collectors.verbs_qp import VerbsQpCollector, find_library
+from c4.agent.rdma_netlink import DEFAULT_COMMAND
 from tests.verbs import harness
 
 

@@ -1,7 +1,7 @@
 """Which QPs go into each report: changed first, then the rest in turn, within a budget."""
 from __future__ import annotations
 
-from agent.collectors.verbs_qp import QpReporter
+from c4.agent.collectors.verbs_qp import QpReporter
 
 
 def qp(n: int, state: str = "RTS", destroyed: bool = False) -> dict:

@@ -8,8 +8,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from c4 import record, wire
-from c4.wire import Frame, Rejected, kinds
+from c4.core import record, wire
+from c4.core.wire import Frame, Rejected, kinds
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "wire" / "agent.c4rec"
 
@@ -107,6 +107,6 @@ def test_direction_sets_cover_all_kinds() -> None:
 
 
 def test_generated_docs_are_current() -> None:
-    out = subprocess.run([sys.executable, "-m", "c4.docs", "--check"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "c4.cli.docs", "--check"], capture_output=True,
                          text=True, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr

@@ -2,7 +2,7 @@
 
 It models leaf-spine hosts running NCCL-like jobs (ring or double-binary-tree collectives,
 one NIC per GPU) at the granularity of report intervals, and writes:
-- `<out>`: a recording (c4/record.py) of wire frames, hello first per host, then one report
+- `<out>`: a recording (c4/core/record.py) of wire frames, hello first per host, then one report
   per host per interval (all its ranks' `nccl` comm summaries plus `rdma` port counters and a
   `host` section), plus events (kmsg `xid`/`nic_link`/`pcie_aer`, rdma `port_state`/
   `link_flap`, pfc `pause_storm`, nccl `nccl_stall`), in arrival order;
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import record
-from .topology import Topology, endpoint, pair_id
-from .wire import Frame, encode
+from c4.core import record
+from c4.core.topology import Topology, endpoint, pair_id
+from c4.core.wire import Frame, encode
 
 
 class SimError(ValueError):

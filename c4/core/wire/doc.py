@@ -1,5 +1,5 @@
 """Render the field tables of docs/wire.md from the schemas (the schemas are the truth).
-`python -m c4.docs` splices them into the doc."""
+`python -m c4.cli.docs` splices them into the doc."""
 from __future__ import annotations
 
 from . import kinds

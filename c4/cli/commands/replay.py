@@ -25,9 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from aggregator.config import AggregatorConfig
-    from aggregator.replay import replay
-    from c4 import config, record
+    from c4.aggregator.config import AggregatorConfig
+    from c4.aggregator.replay import replay
+    from c4.core import config, record
 
     from .hosts import hosts_table
 
@@ -47,7 +47,7 @@ def _replay(args: argparse.Namespace) -> int:
                   f"{sum(result.stats['rejected'].values())}, duplicates: "
                   f"{result.stats['duplicates']}")
     console.print(hosts_table(result.hosts))
-    from c4.render import incidents_table
+    from c4.cli.render import incidents_table
 
     console.print(incidents_table(result.incidents))
     return 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import config
+from c4.core import config
 from ._http import fail
 
 
@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     import zmq
 
-    from aggregator.config import AggregatorConfig
-    from aggregator.server import run
+    from c4.aggregator.config import AggregatorConfig
+    from c4.aggregator.server import run
 
     try:
         cfg = config.load(AggregatorConfig, args.config)

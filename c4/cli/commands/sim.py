@@ -1,12 +1,12 @@
-"""`c4 sim`: generate a recording of a simulated cluster with injected faults (c4/sim.py)."""
+"""`c4 sim`: generate a recording of a simulated cluster with injected faults (lab/sim.py)."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from c4.sim import FAULT_KINDS, TRANSPORTS, Fault, SimConfig, SimError, simulate
-from c4.topology import TopologyError
+from c4.lab.sim import FAULT_KINDS, TRANSPORTS, Fault, SimConfig, SimError, simulate
+from c4.core.topology import TopologyError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ import argparse
 import time
 from urllib.parse import urlencode
 
-from c4.render import incident_view, incidents_table
+from c4.cli.render import incident_view, incidents_table
 
 from ._http import add_aggregator_arg
 from ._http import query as http_query

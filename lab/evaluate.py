@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 
-from c4 import record
+from c4.core import record
 
 DRAINABLE = ("host", "nic", "gpu", "rank")
 GRACE_S = 5.0  # an incident up to this long before the injection still counts as its

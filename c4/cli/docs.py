@@ -1,7 +1,7 @@
 """Keep the generated parts of docs/ true to the code.
 
-    python -m c4.docs            # rewrite the generated tables in docs/wire.md, docs/config.md
-    python -m c4.docs --check    # exit 1 if any is stale (a unit test runs this)
+    python -m c4.cli.docs            # rewrite the generated tables in docs/wire.md, docs/config.md
+    python -m c4.cli.docs --check    # exit 1 if any is stale (a unit test runs this)
 """
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-BEGIN = "<!-- BEGIN GENERATED: python -m c4.docs -->"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+BEGIN = "<!-- BEGIN GENERATED: python -m c4.cli.docs -->"
 END = "<!-- END GENERATED -->"
 
 
 def _config_tables() -> str:
-    from agent.config import AgentConfig
-    from aggregator.actions import ActionsConfig
-    from aggregator.config import AggregatorConfig
-    from aggregator.diagnosis.config import DiagnosisConfig
+    from c4.agent.config import AgentConfig
+    from c4.aggregator.actions import ActionsConfig
+    from c4.aggregator.config import AggregatorConfig
+    from c4.aggregator.diagnosis.config import DiagnosisConfig
 
-    from .config import describe
+    from c4.core.config import describe
 
     out = []
     for title, cls in (("agent.toml", AgentConfig), ("aggregator.toml", AggregatorConfig),
@@ -34,7 +34,7 @@ def _config_tables() -> str:
 
 
 def _wire_tables() -> str:
-    from .wire.doc import render
+    from c4.core.wire.doc import render
 
     return render()
 
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
             if "--check" not in argv:
                 path.write_text(new)
     if stale and "--check" in argv:
-        print(f"stale: {', '.join('docs/' + n for n in stale)}: run `python -m c4.docs`",
+        print(f"stale: {', '.join('docs/' + n for n in stale)}: run `python -m c4.cli.docs`",
               file=sys.stderr)
         return 1
     return 0

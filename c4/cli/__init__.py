@@ -1,4 +1,4 @@
-"""The `c4` command. Each subcommand lives in c4/commands/<name>.py and registers itself."""
+"""The `c4` command. Each subcommand lives in c4/cli/commands/<name>.py and registers itself."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from . import __version__
+from c4 import __version__
 
 COMMANDS = ("agent", "aggregator", "hosts", "incidents", "replay", "sim")
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        importlib.import_module(f"c4.commands.{name}").register(sub)
+        importlib.import_module(f"c4.cli.commands.{name}").register(sub)
     return p
 
 
@@ -40,6 +40,3 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import config
+from c4.core import config
 from ._http import fail
 
 
@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     import zmq
 
-    from agent.config import AgentConfig
-    from agent.daemon import run
+    from c4.agent.config import AgentConfig
+    from c4.agent.daemon import run
 
     try:
         cfg = config.load(AgentConfig, args.config)

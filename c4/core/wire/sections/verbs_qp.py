@@ -43,7 +43,7 @@ QP = Record(
                 "IBV_QP_AV was set",
         "flow_label": "GRH flow label the application set with the address vector (0: let the "
                       "kernel derive it); nil until IBV_QP_AV was set",
-        "sport": "predicted RoCEv2 UDP source port (c4.roce.sport_for_qp) for RC/UC/XRC QPs "
+        "sport": "predicted RoCEv2 UDP source port (c4.core.roce.sport_for_qp) for RC/UC/XRC QPs "
                  "with a remote QP number and a global address vector; nil otherwise",
         "destroyed": "true once, in the report after the QP was destroyed (or its process "
                      "exited); the QP is then forgotten",

@@ -1,7 +1,7 @@
 """Wire protocol v1: one msgpack map per ZeroMQ frame, validated on decode.
 
 The envelope and every kind are specified in docs/wire.md; the schemas below are the source
-of truth and the doc's field tables are generated from them (`python -m c4.wire.doc`).
+of truth and the doc's field tables are generated from them (`python -m c4.core.wire.doc`).
 """
 from __future__ import annotations
 

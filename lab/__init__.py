@@ -1,0 +1,1 @@
+"""c4.lab: the simulator, scoring against ground truth, and the network-namespace lab."""
