@@ -25,7 +25,8 @@ ENVELOPE = Record(
     optional={"floor": U64},
     doc={
         "v": "[major, minor] protocol version; a peer rejects an unknown major",
-        "kind": "what the body is: hello, report, event, ack, plan, plan_result, error",
+        "kind": "what the body is: hello, report, event, ack, plan, plan_result, probe, "
+                "probe_result, error",
         "host": "sender's host name (the aggregator uses its own name in replies)",
         "boot": "sender incarnation: a random id chosen at process start; `seq` restarts at 1 "
                 "under a new boot",
@@ -150,6 +151,50 @@ PLAN_RESULT = Record(
     doc={"plan_id": "the plan", "applied": "assignments in effect", "failed": "assignments not "
          "applied, with the reason (e.g. `EOPNOTSUPP` from the NIC firmware)"},
 )
+ADDR = Str(45, r"[0-9a-fA-F:.]+")
+# Path discovery (C4P): the aggregator asks an agent to trace fixed 5-tuples with rising TTL
+# (Paris-traceroute style); at most PROBE_SPORTS_MAX traced ports per frame keep the result
+# inside one frame.
+PROBE_SPORTS_MAX = 2048
+PROBE_REQ = Record(
+    required={"id": IDENT, "proto": Enum(("roce", "tcp")), "dst": ADDR,
+              "sports": List(PORT16, 64)},
+    optional={"src": ADDR, "dev": Nullable(IDENT), "dport": PORT16, "max_ttl": Int(1, 64)},
+    doc={"id": "probe id, echoed in every probe_result entry it produces",
+         "proto": "`roce`: UDP datagrams to `dport` (default 4791), as RoCEv2 packets are "
+                  "hashed; `tcp`: TCP SYNs to `dport` (the fabric hashes the IP protocol too)",
+         "dst": "destination address (the peer NIC port's IP)",
+         "sports": "source ports to trace, each with its own fixed 5-tuple",
+         "src": "source address to bind (the local NIC port's IP); default: the route's",
+         "dev": "local RDMA device or netdev the flow leaves by (informational)",
+         "dport": "destination port; default 4791 for `roce`, required for `tcp`",
+         "max_ttl": "highest TTL tried (default 8); tracing stops when the destination answers"},
+)
+PROBE = Record(
+    required={"probe_id": IDENT, "probes": List(PROBE_REQ, 256)},
+    optional={"reason": Str(256)},
+    doc={"probe_id": "request identifier, echoed in probe_result",
+         "probes": f"destinations to trace; the sports of all probes together are at most "
+                   f"{PROBE_SPORTS_MAX}",
+         "reason": "why the aggregator asks (e.g. `new flows`, `link incident`)"},
+)
+PROBE_RESULT = Record(
+    required={
+        "probe_id": IDENT,
+        "results": List(Record(
+            required={"id": IDENT, "sport": PORT16, "hops": List(Nullable(ADDR), 64),
+                      "reached": Bool()},
+            optional={"error": Str(512)},
+            doc={"id": "the probe's id", "sport": "the traced source port",
+                 "hops": "address that answered TTL 1, 2, ... (the router's ICMP time-exceeded "
+                         "source); nil where no answer came; routers only, not the destination",
+                 "reached": "the probe with TTL len(hops)+1 reached the destination (port "
+                            "unreachable, SYN-ACK or RST from it)",
+                 "error": "why this port could not be traced (e.g. `EADDRINUSE`); hops then "
+                          "hold what was learned before"}), PROBE_SPORTS_MAX),
+    },
+    doc={"probe_id": "the request", "results": "one entry per (probe, sport) traced"},
+)
 ERROR = Record(
     required={"code": Str(32), "reason": Str(1024)},
     optional={"ref_seq": Nullable(U64), "supported": List(Int(0, 65535), 16)},
@@ -160,11 +205,11 @@ ERROR = Record(
 
 BODIES: dict[str, Record] = {
     "hello": HELLO, "report": REPORT, "event": EVENT_HEAD, "ack": ACK, "plan": PLAN,
-    "plan_result": PLAN_RESULT, "error": ERROR,
+    "plan_result": PLAN_RESULT, "probe": PROBE, "probe_result": PROBE_RESULT, "error": ERROR,
 }
 # Which direction each kind travels: the aggregator rejects agent-bound kinds from agents.
-FROM_AGENT = frozenset({"hello", "report", "event", "plan_result"})
-TO_AGENT = frozenset({"ack", "plan", "error"})
+FROM_AGENT = frozenset({"hello", "report", "event", "plan_result", "probe_result"})
+TO_AGENT = frozenset({"ack", "plan", "probe", "error"})
 
 
 def validate_body(kind: str, body: Any) -> dict[str, Any]:
