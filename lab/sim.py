@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from c4.core import record
+from c4.core import ordinals, record
 from c4.core.topology import Topology, endpoint, pair_id
 from c4.core.wire import Frame, encode
 
@@ -691,10 +691,11 @@ class Simulator:
                 started = done + (1 if s_now - done >= cf - 1e-9 else 0)
                 n = done - math.floor(s_prev)
             inflight = None
-            if started > done:
+            oldest = ordinals.oldest_incomplete(started, done)
+            if oldest is not None:
                 t_enter = inc.t_of(done + cf)
                 prog = (t - inc.stall_since) if frozen else rng.uniform(0.0, 0.05)
-                inflight = {"seq": started, "func": "AllReduce",
+                inflight = {"seq": oldest, "func": "AllReduce",
                             "age_s": round(max(0.0, t - t_enter), 4),
                             "progress_age_s": round(max(0.0, prog), 4)}
                 if frozen and prog >= cfg.stall_event_s and r not in inc.stall_events:
@@ -889,7 +890,7 @@ class Simulator:
             waiting += [{"peer": c.src, "channel": c.channel, "dir": "recv", "state": "RecvWait",
                          "idle_s": self.cfg.stall_event_s} for c in job.recv_of[r]]
             yield te, _event("nccl_stall", "error", {
-                "comm": inc.comm, "rank": r, "nranks": job.nranks, "seq": done + 1,
+                "comm": inc.comm, "rank": r, "nranks": job.nranks, "seq": done,
                 "func": "AllReduce", "age_s": self.cfg.stall_event_s, "waiting": waiting,
                 "pid": job.pids[r], "job": job.id, "seq_completed": done}, "", None)
 

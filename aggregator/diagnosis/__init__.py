@@ -170,8 +170,8 @@ class Diagnosis:
         inflight = [r for r in live if r.inflight]
         stalled = sum(1 for r in inflight
                       if (r.inflight.get("progress_age_s") or 0) >= self.hang.threshold(c))
-        state = ("starting" if not done or max(done) == 0 else
-                 "stalled" if stalled else "running")
+        # a stall of the first collective (nothing completed yet) is still a stall
+        state = "stalled" if stalled else "starting" if not done or max(done) == 0 else "running"
         return {"comm": c.comm, "nranks": c.nranks, "ranks_reporting": len(live),
                 "hosts": len(c.hosts()), "state": state,
                 "seq_completed": [min(done), max(done)] if done else None,

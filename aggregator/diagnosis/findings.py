@@ -49,5 +49,7 @@ class Finding:
 
     @property
     def scope(self) -> str:
-        """Dedupe key of an unlocalised symptom: one per class and communicator (or job)."""
-        return f"{self.cls}:{self.comm or self.job or '-'}"
+        """Dedupe key of an unlocalised symptom: one per class and communicator (or job). A
+        hang is one symptom whichever rule names it (first no suspect, then a culprit)."""
+        cls = "comm_hang" if self.cls == "noncomm_hang" else self.cls
+        return f"{cls}:{self.comm or self.job or '-'}"

@@ -12,6 +12,8 @@ import math
 from collections import Counter
 from typing import Any, Hashable
 
+from c4.core import ordinals
+
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
@@ -20,6 +22,8 @@ from .slow import matrix, to_suspect
 
 STUCK_SHARE = 0.5  # a send connection that spent this share of the interval in SendWait
 MAX_CULPRIT_HOSTS = 4  # beyond this, "everyone is behind someone": not localised
+POINTING = ("RecvWait", "SendPeerWait")  # the waiter's peer holds it up
+WAITING_ON_OTHERS = POINTING + ("SendWait",)  # a rank in these waits on a peer or the network
 
 
 class HangDetector:
@@ -40,19 +44,46 @@ class HangDetector:
         stalled = [r for r in live if ages.get(r.rank, 0.0) >= thr]
         if not stalled:
             return []
-        wseq = max(r.inflight["seq"] for r in stalled)  # type: ignore[index]
+        # W: the ordinal the stalled ranks wait in (c4/core/ordinals.py: 0-based, unlike the
+        # counts seq_started / seq_completed)
+        wseq = max(ordinals.position(r.seq_started, r.inflight)[0] for r in stalled)
         # behind: stuck in an older op, or idle without having entered the stalled one
-        behind = [r for r in live
-                  if (r.inflight["seq"] < wseq if r.inflight else r.seq_completed < wseq)]
+        behind = [r for r in live if ordinals.behind(r.seq_started, r.inflight, wseq)]
         stalled_s = max(ages[r.rank] for r in stalled)
         first = now - stalled_s
         ev: dict[str, Any] = {"waiting_ranks": len(stalled), "live_ranks": len(live),
                               "stalled_s": round(stalled_s, 2), "threshold_s": round(thr, 2),
                               "seq": wseq, "func": stalled[0].inflight.get("func")}  # type: ignore[union-attr]
-        culprits = behind + missing
+        culprits = behind + missing or self._blockers(comm, live)
         if culprits:
             return self._noncomm(comm, culprits, missing, stalled, ev, first)
         return [self._comm(comm, live, ev, first)]
+
+    @staticmethod
+    def _blockers(comm: Comm, live: list[Rank]) -> list[Rank]:
+        """Every rank entered: the ones the others wait on that wait on nobody themselves.
+
+        From the plugins' stall messages: a rank waiting for a peer's data (RecvWait) or
+        buffer credit (SendPeerWait) points at that peer. A rank stuck in its kernel (GPU
+        hung, process alive) is pointed at while its own connections wait only on its GPU;
+        a rank behind a dead link waits on the network (SendWait) and is no blocker."""
+        pointed: dict[int, set[str]] = {}
+        for r in live:
+            for w in (r.stall or {}).get("waiting", []):
+                if w["state"] in POINTING and w["peer"] != r.rank:
+                    pointed.setdefault(w["peer"], set()).add(w["state"])
+        out = []
+        for p, states in pointed.items():
+            rk = comm.ranks.get(p)
+            if rk is None or rk not in live:
+                continue
+            own = (rk.stall or {}).get("waiting")
+            if own is None:  # no stall message of its own: both its sides must point at it
+                if len(states) >= 2:
+                    out.append(rk)
+            elif not any(w["state"] in WAITING_ON_OTHERS for w in own):
+                out.append(rk)
+        return out
 
     def _noncomm(self, comm: Comm, culprits: list[Rank], missing: list[Rank],
                  stalled: list[Rank], ev: dict[str, Any], first: float) -> list[Finding]:
@@ -81,7 +112,9 @@ class HangDetector:
             e = dict(ev, culprit_ranks=[r.rank for r in ranks][:32], missing_ranks=gone[:32],
                      suspect_seq_completed=min(seqs) if seqs else None,
                      stall_events_pointing=sum(pointed[r.rank] for r in ranks))
-            how = "stopped reporting" if len(gone) == len(ranks) else "never entered"
+            how = ("stopped reporting" if len(gone) == len(ranks) else "never entered"
+                   if any(ordinals.behind(r.seq_started, r.inflight, ev["seq"]) for r in ranks)
+                   else "is stuck inside (its peers wait on it, it waits on its GPU)")
             summary = (f"rank {r0.rank} on {host} {how} {ev['func']} seq {ev['seq']}"
                        f"{f' (+{len(ranks) - 1} more ranks there)' if len(ranks) > 1 else ''}; "
                        f"{ev['waiting_ranks']} ranks wait on it for {ev['stalled_s']:.0f}s")

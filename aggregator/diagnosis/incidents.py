@@ -189,7 +189,9 @@ class Incidents:
         new = [s.to_dict() for s in f.suspects]
         # an unsure finding must not unseat a confident culprit, unless it explains it better
         vague = not sure and self._confident(inc) and CLASS_RANK[f.cls] >= CLASS_RANK[inc.cls]
-        if not vague and (f.cls == inc.cls or CLASS_RANK[f.cls] < CLASS_RANK[inc.cls]):
+        takes_over = CLASS_RANK[f.cls] < CLASS_RANK[inc.cls] or (
+            sure and CLASS_RANK[f.cls] == CLASS_RANK[inc.cls] and not self._confident(inc))
+        if not vague and (f.cls == inc.cls or takes_over):
             old = {s["id"]: s for s in inc.suspects}
             if f.cls != inc.cls:  # a more specific explanation takes over the incident
                 inc.evidence = {"symptoms": {inc.cls: inc.summary}}

@@ -26,7 +26,7 @@ PACE_REPORTS = 9
 
 
 class Rank:
-    __slots__ = ("rank", "host", "pid", "dev", "nic", "seen", "seq_started",
+    __slots__ = ("rank", "host", "pid", "dev", "nic", "seen", "listed", "seq_started",
                  "seq_completed", "inflight", "sends", "peers", "ew", "op", "strag", "stall",
                  "fresh", "pace", "period")
 
@@ -36,7 +36,8 @@ class Rank:
         self.pid: int | None = None
         self.dev: int | None = None
         self.nic: str | None = None  # endpoint "host/dev" of the NIC it uses
-        self.seen = 0.0  # aggregator clock of its latest report
+        self.seen = 0.0  # aggregator clock of its latest fresh summary
+        self.listed = 0.0  # ... of its host's latest report listing it (fresh or repeated)
         self.seq_started = 0
         self.seq_completed = 0
         self.inflight: dict[str, Any] | None = None
@@ -164,14 +165,20 @@ class Model:
         if rk.nic is None or s.get("dev") != rk.dev:
             rk.dev = s.get("dev")
             rk.nic = self.nic_endpoint(host, rk.dev)
-        rk.seen = now
+        inflight = s.get("inflight")
+        # The agent repeats a process's last summary until it expires it: an op in flight
+        # whose ages did not move is a process that stopped sending (SIGSTOP, a plugin stuck
+        # with its process), not a fresh report.
+        if not (inflight and rk.inflight == inflight):
+            rk.seen = now
+        rk.listed = now
         rk.fresh = True
         ops = sum(c["count"] for c in s["colls"])
         if ops and interval > 0:
             rk.pace.append(interval / ops)
             rk.period = median(rk.pace)
         rk.seq_started, rk.seq_completed = s["seq_started"], s["seq_completed"]
-        rk.inflight = s.get("inflight")
+        rk.inflight = inflight
         if rk.inflight is None:
             rk.stall = None
         sends: dict[int, list[float]] = {}
@@ -223,7 +230,7 @@ class Model:
 
     def exited(self, rk: Rank) -> bool:
         """Its host reported since without it: the process ended (job killed or crashed)."""
-        return self.reported.get(rk.host, 0.0) > rk.seen
+        return self.reported.get(rk.host, 0.0) > rk.listed
 
     def rank_of_pid(self, host: str, pid: int | None) -> tuple[Comm, Rank] | None:
         ref = self.pids.get((host, pid)) if pid is not None else None

@@ -119,7 +119,11 @@ def test_hang_leaves_the_culprit_behind_and_the_others_in_flight(tmp_path):
     culprit = last[5]
     others = [s for r, s in last.items() if r != 5]
     assert culprit["inflight"] is None
-    assert all(s["inflight"] and s["inflight"]["seq"] == culprit["seq_completed"] + 1
+    # plugin form (c4/core/ordinals.py): the others wait in ordinal k, k = what the culprit
+    # completed; it never started it
+    assert culprit["seq_started"] == culprit["seq_completed"]
+    assert all(s["inflight"] and s["inflight"]["seq"] == culprit["seq_completed"]
+               and s["seq_started"] == s["inflight"]["seq"] + 1
                and s["inflight"]["progress_age_s"] > 10 for s in others)
 
 

@@ -185,7 +185,10 @@ def comms_table(sec: dict[str, Any] | None) -> Table | None:
     if not comms:
         return None
     t = Table(title=f"NCCL communicators: {len(comms)} rank(s) on this host")
-    for col in ("comm", "rank", "job", "pid", "completed", "in flight", "ops", "net wait s"):
+    # completed is a count, the in-flight #n a 0-based ordinal (docs/wire.md): after 5
+    # completed, the op in flight is #5
+    for col in ("comm", "rank", "job", "pid", "completed", "in flight (ordinal)", "ops",
+                "net wait s"):
         t.add_column(col)
     for c in comms[:ROWS_SHOWN * 2]:
         inflight = c.get("inflight")

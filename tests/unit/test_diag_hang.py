@@ -1,0 +1,168 @@
+"""Hang localisation on data in the NCCL plugin's form (c4/core/ordinals.py: counts
+`seq_started`/`seq_completed`, 0-based ordinals in `inflight.seq` and `nccl_stall.seq`), fed
+frame by frame into Diagnosis: a rank stopped between collectives, inside one (its summaries
+stop, or the agent repeats its last one), one that exited, one stuck in a kernel while its
+plugin still reports, the first collective (ordinal 0) and a communicator that just started."""
+from __future__ import annotations
+
+import logging
+import sqlite3
+from typing import Any
+
+import pytest
+
+from c4.aggregator.diagnosis import Diagnosis, DiagnosisConfig
+from c4.core import ordinals
+from c4.core.wire import Frame, kinds
+
+COMM = "00000000000000c4"
+HOSTS, GPUS = 4, 2
+N = HOSTS * GPUS
+OPS = 10  # collectives per interval while healthy
+CULPRIT = 5  # on h2
+
+
+def host_of(r: int) -> str:
+    return f"h{r // GPUS}"
+
+
+class PluginRing:
+    """A ring AllReduce job as the plugin + agent report it, one report per host per second."""
+
+    def __init__(self, completed: int) -> None:
+        self.db = sqlite3.connect(":memory:")
+        self.diag = Diagnosis.from_config(self.db, DiagnosisConfig(), None, None,
+                                          logging.getLogger("t"))
+        self.done = completed  # collectives every rank completed before the fault
+        self.seq = {f"h{i}": 0 for i in range(HOSTS)}
+        self.t = 100.0
+        self.frozen: dict[int, dict[str, Any]] = {}  # rank -> summary the agent repeats
+        for h in self.seq:
+            self._send(h, "hello", {"agent_version": "t", "interval": 1.0, "collectors": {},
+                                    "nics": []})
+
+    def _send(self, host: str, kind: str, body: dict[str, Any]) -> None:
+        self.seq[host] += 1
+        self.diag.observe(Frame(kind, host, "b00t", self.seq[host], 1.7e9 + self.t,
+                                kinds.validate_body(kind, body)), self.t)
+
+    @staticmethod
+    def summary(r: int, started: int, completed: int, ops: int = 0,
+                inflight_age: float | None = None) -> dict[str, Any]:
+        s: dict[str, Any] = {
+            "comm": COMM, "rank": r, "nranks": N, "seq_started": started,
+            "seq_completed": completed, "pid": 1000 + r, "job": "j", "dev": r % GPUS,
+            "colls": [], "peers": [], "inflight": None}
+        if ops:
+            s["colls"] = [{"func": "AllReduce", "count": ops, "bytes": ops << 20,
+                           "time_s": 0.02 * ops}]
+        oldest = ordinals.oldest_incomplete(started, completed)
+        if oldest is not None:
+            s["inflight"] = {"seq": oldest, "func": "AllReduce", "age_s": inflight_age,
+                             "progress_age_s": inflight_age}
+        return s
+
+    def healthy(self, seconds: int) -> None:
+        for _ in range(seconds):
+            self.done += OPS
+            self.report({r: self.summary(r, self.done, self.done, OPS) for r in range(N)})
+
+    def report(self, summaries: dict[int, dict[str, Any] | None]) -> None:
+        """One report per host (a rank mapped to None is not listed), then a tick."""
+        for h in self.seq:
+            comms = [s for r, s in sorted(summaries.items()) if s is not None and host_of(r) == h]
+            self._send(h, "report", {"interval": 1.0, "health": {}, "nccl": {"comms": comms}})
+        self.diag.tick(self.t)
+        self.t += 1.0
+
+    def stall_event(self, r: int, waiting: list[tuple[int, str, str]], age: float) -> None:
+        self._send(host_of(r), "event", {"type": "nccl_stall", "severity": "error", "attrs": {
+            "comm": COMM, "rank": r, "nranks": N, "seq": self.done, "func": "AllReduce",
+            "age_s": age, "seq_completed": self.done,
+            "waiting": [{"peer": p, "channel": 0, "dir": d, "state": st, "idle_s": age}
+                        for p, d, st in waiting]}})
+
+    def hang(self, seconds: int, culprit: str) -> None:
+        """Every rank but CULPRIT enters ordinal `done` and waits there; the culprit: `idle`
+        (stopped between collectives), `gone` (entered, then its summaries stopped), `frozen`
+        (entered, the agent repeats its last summary), `exited` (its host reports without
+        it), `kernel` (entered, stuck in a kernel; its plugin reports like everyone's)."""
+        k = self.done
+        for age in range(1, seconds + 1):
+            out: dict[int, dict[str, Any] | None] = {
+                r: self.summary(r, k + 1, k, inflight_age=float(age)) for r in range(N)}
+            if culprit == "idle":
+                out[CULPRIT] = self.summary(CULPRIT, k, k)
+            elif culprit in ("gone", "frozen", "exited") and age > 1:
+                out[CULPRIT] = self.frozen.setdefault(CULPRIT, out[CULPRIT]) \
+                    if culprit == "frozen" else None
+            self.report(out)
+            if age == 5:  # the plugins' C4_STALL_MS: one stall message per rank
+                for r in range(N):
+                    if out[r] is None or (culprit in ("idle", "frozen") and r == CULPRIT):
+                        continue
+                    self.stall_event(r, self.waiting(r, culprit), float(age))
+
+    @staticmethod
+    def waiting(r: int, culprit: str) -> list[tuple[int, str, str]]:
+        """Proxy states of a ring stuck behind CULPRIT: data stops flowing out of it, so
+        everyone downstream waits for data, its predecessor waits for credit, and the
+        culprit itself (stuck in its kernel) waits on its own GPU."""
+        nxt, prv = (r + 1) % N, (r - 1) % N
+        if r == CULPRIT:
+            return [(nxt, "send", "SendGPUWait"), (prv, "recv", "RecvGPUWait")]
+        send = "SendPeerWait" if nxt == CULPRIT else "SendGPUWait"
+        return [(nxt, "send", send), (prv, "recv", "RecvWait")]
+
+
+def named(ring: PluginRing) -> dict[str, Any]:
+    (inc,) = ring.diag.incidents()
+    assert inc["class"] == "noncomm_hang", inc["summary"]
+    assert inc["suspects"][0]["id"] == host_of(CULPRIT), inc
+    assert inc["localised"] is not None
+    return inc
+
+
+@pytest.mark.parametrize("culprit", ["idle", "gone", "frozen", "exited", "kernel"])
+def test_the_rank_that_stopped_is_named(culprit):
+    ring = PluginRing(completed=0)
+    ring.healthy(20)
+    start = ring.t
+    ring.hang(12, culprit)
+    inc = named(ring)
+    assert inc["localised"] - start <= 10.0
+    assert inc["evidence"]["seq"] == ring.done  # the ordinal everyone else waits in
+    assert CULPRIT in inc["evidence"]["culprit_ranks"]
+
+
+def test_first_collective_ordinal_zero():
+    ring = PluginRing(completed=0)  # nothing completed: the hang is in ordinal 0
+    ring.hang(12, "idle")
+    inc = named(ring)
+    assert inc["evidence"]["seq"] == 0
+
+
+def test_just_started_communicator_shows_stalled_not_starting():
+    ring = PluginRing(completed=0)
+    ring.hang(8, "kernel")
+    named(ring)
+    (job,) = ring.diag.jobs()
+    assert job["comms"][0]["state"] == "stalled"
+
+
+def test_a_checkpoint_pause_between_collectives_is_no_hang():
+    """Every rank idle, none in flight: a pause (checkpoint, evaluation), not a hang."""
+    ring = PluginRing(completed=0)
+    ring.healthy(20)
+    for _ in range(30):
+        ring.report({r: ring.summary(r, ring.done, ring.done) for r in range(N)})
+    ring.healthy(5)
+    assert ring.diag.incidents() == []
+
+
+def test_ordinal_helpers():
+    assert ordinals.oldest_incomplete(5, 5) is None and ordinals.oldest_incomplete(6, 5) == 5
+    assert ordinals.behind(5, None, 5)  # idle after 5: has not entered ordinal 5
+    assert not ordinals.behind(6, {"seq": 5, "func": "AllReduce"}, 5)
+    assert ordinals.behind(5, {"seq": 5, "func": "Send"}, 5)  # a p2p op is not the collective
+    assert not ordinals.behind(7, None, 5)
