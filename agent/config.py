@@ -32,6 +32,13 @@ class AgentConfig:
                                     "aggregator checks all of them and answers errors, which "
                                     "the agent logs")
     labels: dict[str, str] = field({}, "free-form labels sent in `hello` (rack, scheduler node name)")
+    metrics: str = field("0.0.0.0:9466", "host:port of the agent's Prometheus /metrics "
+                         "(docs/operations.md); empty: no exporter")
+    metrics_infiniband: bool = field(True, "export the RDMA port counters under node_exporter's "
+                                     "`node_infiniband_*` names; false when node_exporter's "
+                                     "infiniband collector runs on the host too")
+    bpf_stats: bool = field(True, "turn on the kernel's BPF run-time statistics while the agent "
+                            "runs, for `c4_agent_bpf_program_run_*` (adds two clock reads to every program run)")
     collectors: dict[str, Any] = field(
         {}, "`enabled` (list of collector names, default all) and one `[collectors.<name>]` "
             "table of options per collector (docs/collectors.md)")
@@ -50,6 +57,11 @@ class AgentConfig:
             raise ConfigError(f"{where}validate_every: must be at least 1")
         if self.resend_after <= 0:
             raise ConfigError(f"{where}resend_after: must be positive")
+        if self.metrics:
+            host, _, port = self.metrics.rpartition(":")
+            if not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ConfigError(f"{where}metrics: expected host:port (or empty), got "
+                                  f"{self.metrics!r}")
         enabled = self.collectors.get("enabled", list(DEFAULT_ENABLED))
         if not isinstance(enabled, list) or not all(isinstance(n, str) for n in enabled):
             raise ConfigError(f"{where}collectors.enabled: expected a list of names")

@@ -7,6 +7,7 @@ while collecting is marked unhealthy for that interval and the rest keep reporti
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import signal
 import socket
@@ -16,11 +17,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from c4 import __version__
+from c4.core.sdnotify import Notifier
 from c4.core.wire import Frame
 
 from . import collectors as registry
 from .collectors import Collector, CollectorUnavailable, Context, OptionError
+from . import bpf_stats
 from .config import AgentConfig
+from .exporter import AgentMetrics, Exporter, Snapshot
 from .sender import Sender
 
 log = logging.getLogger("c4.agent")
@@ -49,6 +53,11 @@ class Agent:
                              record_path=record_path, validate_every=cfg.validate_every,
                              clock=clock, log=log)
         self.sender.handlers["plan"] = self._on_plan
+        self.snapshot = Snapshot()  # replaced whole each interval; the exporter reads it
+        self.metrics = AgentMetrics(lambda: self.snapshot, self._delivery_counters,
+                                    infiniband=cfg.metrics_infiniband, bpf=cfg.bpf_stats)
+        self.exporter: Exporter | None = None
+        self.notify = Notifier()
 
     # -- lifecycle ------------------------------------------------------------------------
     def start_collectors(self) -> None:
@@ -81,12 +90,33 @@ class Agent:
                 continue
             if inv:
                 body.update(inv)
+        self.snapshot = Snapshot(self.snapshot.sections, self.snapshot.health,
+                                 self.snapshot.durations, body.get("nics", []))
         return body
+
+    def _delivery_counters(self) -> dict[str, int]:
+        st = self.sender.stats
+        return {**self.sender.counters(), "sent": st.sent, "acked": st.acked}
+
+    def start_exporter(self) -> None:
+        """Bind /metrics (an address in use is an OSError: the agent does not start) and, with
+        BPF programs loaded, turn on their run-time statistics."""
+        if self.cfg.metrics:
+            self.exporter = Exporter(self.metrics, self.cfg.metrics)
+            log.info("metrics on http://%s/metrics", self.exporter.address)
+        if self.cfg.bpf_stats and bpf_stats.own_programs():
+            try:
+                self.metrics.bpf_stats_fd = bpf_stats.enable_stats()
+            except OSError as exc:
+                log.warning("BPF run-time statistics unavailable: %s", exc)
 
     def collect_once(self, now: float, interval: float) -> None:
         body: dict[str, Any] = {"interval": interval, "health": {}}
         events = []
+        sections: dict[str, Any] = {}
+        durations: dict[str, float] = {}
         for c in self.collectors:
+            t0 = time.perf_counter()
             try:
                 sample = c.collect(now)
             except Exception as exc:  # one broken collector must not stop the others
@@ -95,11 +125,14 @@ class Agent:
                     log.exception("collector %s failed", c.name)
                 self.health[c.name] = {"ok": False, "reason": reason[:500]}
                 continue
+            finally:
+                durations[c.name] = time.perf_counter() - t0
             self.health[c.name] = {"ok": True}
             if sample.section is not None:
-                body[c.name] = sample.section
+                body[c.name] = sections[c.name] = sample.section
             events.extend(sample.events)
         body["health"] = dict(self.health)
+        self.snapshot = Snapshot(sections, dict(self.health), durations, self.snapshot.nics)
         body["sender"] = self.sender.counters()
         self.sender.send("report", body)
         for ev in events:
@@ -107,14 +140,20 @@ class Agent:
 
     def run(self) -> int:
         self.start_collectors()
+        self.snapshot = Snapshot(health=dict(self.health))
+        self.start_exporter()
         self.sender.send("hello", self.hello_body())
         next_hello = self.clock() + self.cfg.hello_interval
+        names = ", ".join(c.name for c in self.collectors) or "no collectors"
         log.info("agent %s reporting to %s every %.3gs with %s", self.host, self.cfg.aggregator,
-                 self.cfg.interval, ", ".join(c.name for c in self.collectors) or "no collectors")
+                 self.cfg.interval, names)
+        self.notify.ready(f"reporting to {self.cfg.aggregator} with {names}")
         last = self.clock()
         next_at = last + self.cfg.interval
         while not self.stop_event.is_set():
-            self.sender.poll(max(0.0, next_at - self.clock()))
+            # Come round at least every ping period: a loop stuck anywhere stops the pings.
+            self.notify.watchdog()
+            self.sender.poll(max(0.0, min(next_at - self.clock(), self.notify.ping_every())))
             if self.stop_event.is_set():
                 break
             now = self.clock()
@@ -125,12 +164,21 @@ class Agent:
                 next_hello = now + self.cfg.hello_interval
             self.collect_once(now, now - last)
             last = now
+            self._status()
             # Skip missed ticks instead of bursting to catch up after a stall.
             next_at = max(next_at + self.cfg.interval, now + self.cfg.interval / 2)
         self.shutdown()
         return 0
 
+    def _status(self) -> None:
+        down = sorted(n for n, h in self.health.items() if not h.get("ok"))
+        self.notify.status(f"{self.sender.last_seq} frames sent, {self.sender.unacked} unacked"
+                           + (f"; collectors down: {', '.join(down)}" if down else ""))
+
     def shutdown(self) -> None:
+        self.notify.stopping()
+        if self.exporter is not None:
+            self.exporter.close()
         # Give the queue a moment to drain so a clean stop loses nothing that was collected.
         deadline = self.clock() + 2.0
         while self.sender.unacked and self.clock() < deadline:
@@ -143,6 +191,8 @@ class Agent:
         log.info("agent stopped: %d frames sent, %d unacked", self.sender.last_seq,
                  self.sender.unacked)
         self.sender.close()
+        if self.metrics.bpf_stats_fd is not None:
+            os.close(self.metrics.bpf_stats_fd)
 
     # -- aggregator -> agent ---------------------------------------------------------------
     def _on_plan(self, frame: Frame) -> None:

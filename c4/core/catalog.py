@@ -1,5 +1,10 @@
-"""Names and units of the RDMA port counters (sysfs `counters/`), shared by the agent that reads
-them and the aggregator that exports them on /metrics."""
+"""Names and units of the RDMA port counters (sysfs `counters/` and `hw_counters/`), shared by
+the agent that reads and exports them and the aggregator that can re-export them on /metrics.
+
+Metric names, labels and units are node_exporter's infiniband collector's (v1.11+, which added
+the mlx5 `hw_counters`): prometheus/node_exporter collector/infiniband_linux.go with
+prometheus/procfs sysfs/class_infiniband.go, so dashboards and alerts written for node_exporter
+work on c4's data unchanged."""
 from __future__ import annotations
 
 # sysfs counter file -> node_exporter's infiniband collector metric, so /metrics keeps the
@@ -27,6 +32,55 @@ NODE_EXPORTER_METRICS: dict[str, str] = {
     "unicast_rcv_packets": "node_infiniband_unicast_packets_received_total",
     "unicast_xmit_packets": "node_infiniband_unicast_packets_transmitted_total",
     "VL15_dropped": "node_infiniband_vl15_dropped_total",
+    # hw_counters/ (mlx5 RoCE): congestion (ECN, CNP), retransmits, QP errors
+    "duplicate_request": "node_infiniband_duplicate_requests_packets_total",
+    "implied_nak_seq_err": "node_infiniband_implied_nak_seq_errors_total",
+    "local_ack_timeout_err": "node_infiniband_local_ack_timeout_errors_total",
+    "np_cnp_sent": "node_infiniband_np_cnp_packets_sent_total",
+    "np_ecn_marked_roce_packets": "node_infiniband_np_ecn_marked_roce_packets_received_total",
+    "out_of_buffer": "node_infiniband_out_of_buffer_drops_total",
+    "out_of_sequence": "node_infiniband_out_of_sequence_packets_received_total",
+    "packet_seq_err": "node_infiniband_packet_sequence_errors_total",
+    "req_cqe_error": "node_infiniband_req_cqes_errors_total",
+    "req_cqe_flush_error": "node_infiniband_req_cqes_flush_errors_total",
+    "req_remote_access_errors": "node_infiniband_req_remote_access_errors_total",
+    "req_remote_invalid_request": "node_infiniband_req_remote_invalid_request_errors_total",
+    "resp_cqe_error": "node_infiniband_resp_cqes_errors_total",
+    "resp_cqe_flush_error": "node_infiniband_resp_cqes_flush_errors_total",
+    "resp_local_length_error": "node_infiniband_resp_local_length_errors_total",
+    "resp_remote_access_errors": "node_infiniband_resp_remote_access_errors_total",
+    "rnr_nak_retry_err": "node_infiniband_rnr_nak_retry_packets_received_total",
+    "roce_adp_retrans": "node_infiniband_roce_adp_retransmits_total",
+    "roce_adp_retrans_to": "node_infiniband_roce_adp_retransmits_timeout_total",
+    "roce_slow_restart": "node_infiniband_roce_slow_restart_used_total",
+    "roce_slow_restart_cnps": "node_infiniband_roce_slow_restart_cnps_total",
+    "roce_slow_restart_trans": "node_infiniband_roce_slow_restart_total",
+    "rp_cnp_handled": "node_infiniband_rp_cnp_packets_handled_total",
+    "rp_cnp_ignored": "node_infiniband_rp_cnp_ignored_packets_received_total",
+    "rx_atomic_requests": "node_infiniband_rx_atomic_requests_total",
+    "rx_dct_connect": "node_infiniband_rx_dct_connect_requests_total",
+    "rx_icrc_encapsulated": "node_infiniband_rx_icrc_encapsulated_errors_total",
+    "rx_read_requests": "node_infiniband_rx_read_requests_total",
+    "rx_write_requests": "node_infiniband_rx_write_requests_total",
 }
+# Counters node_exporter does not export (other drivers' hw_counters): one family keyed by the
+# sysfs name, so nothing the NIC counts is lost and no name clashes with node_exporter's.
+OTHER_COUNTER_METRIC = "c4_rdma_port_other_total"
 # The data counters count 4-octet words (IBTA PortCounters PortXmitData/PortRcvData).
 COUNTER_SCALE: dict[str, int] = {"port_xmit_data": 4, "port_rcv_data": 4}
+
+# The gauges of the same collector (its `lifespan_seconds` is not a port property: the agent
+# does not read `hw_counters/lifespan`).
+STATE_METRIC = "node_infiniband_state_id"
+PHYS_STATE_METRIC = "node_infiniband_physical_state_id"
+RATE_METRIC = "node_infiniband_rate_bytes_per_second"
+INFO_METRIC = "node_infiniband_info"  # labels device, board_id, firmware_version, hca_type
+# sysfs prints "4: ACTIVE" and "5: LinkUp"; the agent keeps the names, the IDs are the numbers
+# (IBTA PortInfo PortState and PortPhysicalState).
+PORT_STATE_IDS: dict[str, int] = {"NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4,
+                                  "ACTIVE_DEFER": 5}
+PHYS_STATE_IDS: dict[str, int] = {"NOP": 0, "Sleep": 1, "Polling": 2, "Disabled": 3,
+                                  "PortConfigurationTraining": 4, "LinkUp": 5,
+                                  "LinkErrorRecovery": 6, "Phy Test": 7}
+# rate "100 Gb/sec (4X EDR)" -> bytes/s, as procfs parseRate does.
+BYTES_PER_GBIT = 125_000_000

@@ -77,6 +77,7 @@ class Cluster:
         self.zport = free_port()
         self.hport = free_port()
         self.db = tmp / "c4.db"
+        self.metrics_ports: dict[str, int] = {}  # agent name -> its /metrics port
         self.procs: list[Proc] = []
         self.aggregator: Proc | None = None
 
@@ -102,11 +103,13 @@ class Cluster:
                     collectors: tuple[str, ...] = ("host", "rdma"), record: Path | None = None,
                     extra: str = "") -> Proc:
         cfg = self.tmp / f"agent-{name}.toml"
+        self.metrics_ports.setdefault(name, free_port())
         enabled = ", ".join(f'"{c}"' for c in collectors)
         cfg.write_text(
             f'aggregator = "{self.endpoint}"\ninterval = {interval}\nhost = "{name}"\n'
             f'sysfs_root = "{sysfs}"\nrun_dir = "{self.tmp / ("run-" + name)}"\n'
-            f'resend_after = 1.0\n{extra}\n[collectors]\nenabled = [{enabled}]\n')
+            f'resend_after = 1.0\nmetrics = "127.0.0.1:{self.metrics_ports[name]}"\n{extra}\n'
+            f'[collectors]\nenabled = [{enabled}]\n')
         args = c4_cmd("agent", "run", "--config", str(cfg))
         if record is not None:
             args += ["--record", str(record)]
