@@ -4,31 +4,39 @@ A policy of rules maps incident classes and a minimum suspect confidence to acti
 rails, because a false isolation costs a whole job:
 - dry-run by default: log and record what would run, execute nothing;
 - at most `max_drains` drains per `window_s` (dry-run drains count, so a dry run shows the
-  real policy); further drains are recorded as "skipped: rate limit";
+  real policy); further drains are recorded as "skipped: rate limit"; restarts likewise, per
+  job, with `max_restarts`;
 - never touch a node a human drained (Slurm: checked with `scontrol show node` right before
-  draining); c4 never undrains;
+  draining); c4 never undrains; never a target Slurm would expand to other nodes (`ALL`,
+  host lists, node sets);
+- placeholder values that could be read as options or break a command line (leading `-`,
+  control characters) are refused and recorded, never passed on;
 - never act twice on the same (incident, action, target): a UNIQUE key in the `actions` table;
 - every action is recorded with its outcome, exit code, stderr tail and duration.
 
-Commands run synchronously in the caller's thread, each bounded by `timeout_s` (the process
-group is killed on timeout). The aggregator calls `on_incident` from its diagnosis loop, never
-from the thread that reads sockets; the drain rate limit bounds how many commands one incident
-can start. Synchronous also means the SQLite connection is only ever used by its owner thread.
+Threads (the one lock story of the aggregator, see server.py): commands can take up to
+`timeout_s` each, so the live aggregator runs them in an ActionWorker, a thread with its own
+SQLite connection fed by a bounded queue; the diagnosis tick submits incidents and collects
+the records on a later tick. Nothing here holds the aggregator's lock. Replay and tests use
+ActionRunner inline (same interface: submit, then results), which keeps replay deterministic.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import queue
 import re
 import shlex
 import shutil
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -44,10 +52,15 @@ RESTART_BACKENDS = ("none", "exec", "webhook")
 PLACEHOLDERS = ("host", "class", "incident", "job")
 # A fabric link is not a node: draining an endpoint for it would isolate a healthy host.
 DRAINABLE_KINDS = ("host", "nic", "gpu", "rank")
-# Outcomes that drained (or, in dry-run, would have drained) a node; a timeout may have.
-_COUNTED_DRAINS = ("ok", "dry-run", "timeout")
+# Outcomes that acted (or, in dry-run, would have acted); a timeout may have.
+_ACTED = ("ok", "dry-run", "timeout")
 _STDERR_TAIL = 512
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+# What a host or job name may be when it reaches a command line: no leading dash (an
+# option), no whitespace or control characters, no Slurm host-list syntax (`[`, `,`).
+_SAFE_VALUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=/-]{0,254}")
+# Names that Slurm expands to more than one node when given as NodeName.
+_SLURM_RESERVED = frozenset({"all"})
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,7 @@ class ActionsConfig:
     restart_command: list[str] = field([], "argv of the restart hook for restart_backend = \"exec\"; placeholders {host} {class} {incident} {job}")
     restart_url: str = field("", "URL that receives the restart request (HTTP POST, JSON) for restart_backend = \"webhook\"")
     max_drains: int = field(2, "at most this many nodes drained per window_s; further drains are skipped and recorded")
+    max_restarts: int = field(1, "at most this many restart requests per job per window_s; further ones are skipped and recorded")
     window_s: float = field(3600.0, "the drain rate-limit window, seconds")
     timeout_s: float = field(10.0, "time limit of each command or webhook call, seconds")
 
@@ -110,8 +124,9 @@ class ActionsConfig:
             raise ConfigError(f"{w}drain_backend: {self.drain_backend!r} is not one of {', '.join(DRAIN_BACKENDS)}")
         if self.restart_backend not in RESTART_BACKENDS:
             raise ConfigError(f"{w}restart_backend: {self.restart_backend!r} is not one of {', '.join(RESTART_BACKENDS)}")
-        if self.max_drains < 0:
-            raise ConfigError(f"{w}max_drains: must be >= 0, got {self.max_drains}")
+        for key in ("max_drains", "max_restarts"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{w}{key}: must be >= 0, got {getattr(self, key)}")
         for key in ("window_s", "timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{w}{key}: must be > 0, got {getattr(self, key)}")
@@ -225,8 +240,26 @@ class ActionRunner:
         self.log = log
         self.clock = clock
         self.rejected = 0  # incidents refused as malformed
+        self._done: deque[tuple[int, list[dict[str, Any]]]] = deque()
         with self.db:
             self.db.execute(_SCHEMA)
+
+    def submit(self, incident: dict[str, Any], now: float) -> None:
+        """Inline: act now; the records come back from the next results()."""
+        iid = incident.get("id") if isinstance(incident, dict) else None
+        try:
+            records = self.on_incident(incident, now)
+        except Exception:  # a backend bug must not stop diagnosis
+            self.log.exception("actions: runner failed on incident %r", iid)
+            return
+        if isinstance(iid, int) and records:
+            self._done.append((iid, records))
+
+    def results(self) -> list[tuple[int, list[dict[str, Any]]]]:
+        """(incident id, records made) for each incident acted on since the last call."""
+        out = list(self._done)
+        self._done.clear()
+        return out
 
     def on_incident(self, incident: dict[str, Any], now: float) -> list[dict[str, Any]]:
         """Apply the policy to a new or updated incident; returns the records made this call."""
@@ -278,6 +311,12 @@ class ActionRunner:
                           f"{n} drain(s) in the last {self.cfg.window_s:g} s (max_drains = {self.cfg.max_drains})")
         elif action == "restart" and not target:
             res = _Result("skipped: no job", "the incident names no job to restart")
+        elif action == "restart" and (n := self._restarts_since(target, now - self.cfg.window_s)) >= self.cfg.max_restarts:
+            res = _Result("skipped: rate limit",
+                          f"{n} restart(s) of job {target} in the last {self.cfg.window_s:g} s "
+                          f"(max_restarts = {self.cfg.max_restarts})")
+        elif action != "alert" and (why := self._unsafe(action, target, inc)) is not None:
+            res = _Result("refused: unsafe target", why)
         elif action == "alert":
             res = self._alert(inc)
         elif self.cfg.dry_run:
@@ -302,11 +341,29 @@ class ActionRunner:
                      target or "-", backend, res.outcome, f" ({res.detail})" if res.detail else "")
         return rec
 
+    def _restarts_since(self, job: str, since: float) -> int:
+        marks = ", ".join("?" * len(_ACTED))
+        (n,) = self.db.execute(
+            f"SELECT COUNT(*) FROM actions WHERE action = 'restart' AND target = ? AND ts > ? "
+            f"AND outcome IN ({marks})", (job, since, *_ACTED)).fetchone()
+        return int(n)
+
+    def _unsafe(self, action: str, target: str, inc: _Incident) -> str | None:
+        """Why a value headed for a command line must not go there, or None."""
+        values = {"host": target if action == "drain" else (inc.drain_hosts(0.0) or [""])[0],
+                  "job": inc.job or ""}
+        for name, v in values.items():
+            if v and not _SAFE_VALUE_RE.fullmatch(v):
+                return f"{name} {v[:64]!r} is not a plain name (leading '-', spaces, control or host-list characters)"
+        if action == "drain" and self.cfg.drain_backend == "slurm" and target.lower() in _SLURM_RESERVED:
+            return f"host {target!r} is a Slurm reserved name that selects every node"
+        return None
+
     def _drains_since(self, since: float) -> int:
-        marks = ", ".join("?" * len(_COUNTED_DRAINS))
+        marks = ", ".join("?" * len(_ACTED))
         (n,) = self.db.execute(
             f"SELECT COUNT(*) FROM actions WHERE action = 'drain' AND ts > ? AND outcome IN ({marks})",
-            (since, *_COUNTED_DRAINS)).fetchone()
+            (since, *_ACTED)).fetchone()
         return n
 
     def _plan(self, action: str, target: str, inc: _Incident) -> tuple[str, list[Any]]:
@@ -355,6 +412,9 @@ class ActionRunner:
         if show.outcome != "ok":
             show.detail = f"cannot check the node's state, not draining: {show.detail}"
             return show
+        if len(re.findall(r"^NodeName=", show.stdout, re.M)) > 1:
+            return _Result("refused: unsafe target",
+                           f"`scontrol show node {host}` lists several nodes (a node set?)")
         state, reason = parse_node_state(show.stdout)
         flags = {f.rstrip("*") for f in state.split("+")}
         if any(f.startswith(("DRAIN", "DOWN", "FAIL")) for f in flags) and not reason.startswith("c4:"):
@@ -403,6 +463,69 @@ class ActionRunner:
             if isinstance(reason, TimeoutError):
                 return _Result("timeout", f"no answer within {self.cfg.timeout_s:g} s")
             return _Result("error", f"cannot reach {url}: {reason}")
+
+
+class ActionWorker:
+    """An ActionRunner on its own thread, with its own SQLite connection (WAL lets it write
+    beside ingest), fed by a bounded queue: submit never blocks (a full queue drops the
+    incident, counted in `dropped`, and it is submitted again when its suspects change), and
+    results() hands back what finished, for the diagnosis tick to attach to the incident."""
+
+    def __init__(self, cfg: ActionsConfig, db_path: str, log: logging.Logger,
+                 clock: Callable[[], float] = time.time, maxsize: int = 256) -> None:
+        self.log = log
+        self.dropped = 0
+        self._q: queue.Queue[tuple[dict[str, Any], float] | None] = queue.Queue(maxsize)
+        self._done: deque[tuple[int, list[dict[str, Any]]]] = deque()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, args=(cfg, db_path, clock),
+                                         name="c4-actions", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _loop(self, cfg: ActionsConfig, db_path: str, clock: Callable[[], float]) -> None:
+        from .store import connect
+
+        try:
+            runner = ActionRunner(cfg, connect(db_path), self.log, clock)
+        except BaseException as exc:  # reported by __init__ in the caller's thread
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        while (item := self._q.get()) is not None:
+            runner.submit(*item)
+            self._done.extend(runner.results())  # deque.extend is atomic: no lock needed
+        runner.db.close()
+
+    @property
+    def pending(self) -> int:
+        return self._q.qsize()
+
+    def submit(self, incident: dict[str, Any], now: float) -> None:
+        try:
+            self._q.put_nowait((incident, now))
+        except queue.Full:
+            self.dropped += 1
+            self.log.error("actions: queue full (%d waiting), incident %r not acted on now",
+                           self._q.maxsize, incident.get("id"))
+
+    def results(self) -> list[tuple[int, list[dict[str, Any]]]]:
+        out = []
+        while self._done:
+            out.append(self._done.popleft())
+        return out
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop after the action in progress (bounded by its own timeout_s)."""
+        try:
+            self._q.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
 
 
 def parse_node_state(text: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ import logging
 import sqlite3
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -295,3 +296,87 @@ def test_parse_node_state() -> None:
     text = "NodeName=a\n   State=MIXED+DRAIN ThreadsPerCore=2\n   Reason=bad gpu 3 [root@2024-01-01T00:00:00]\n"
     assert parse_node_state(text) == ("MIXED+DRAIN", "bad gpu 3 [root@2024-01-01T00:00:00]")
     assert parse_node_state("NodeName=a State=IDLE") == ("IDLE", "")
+
+
+# -- hostile values, restart storms, and the worker thread (issues 9 and 10) --------------------
+
+
+def _restart_policy(**extra: Any) -> dict[str, Any]:
+    return {"dry_run": False, "restart_backend": "exec", "restart_command": ["drain-hook", "restart", "{job}"],
+            "rules": [{"classes": ["*"], "min_confidence": 0.0, "actions": ["restart"]}], **extra}
+
+
+def test_restarts_are_rate_limited_per_job(bindir: Path, incident: dict[str, Any]) -> None:
+    r = runner(**_restart_policy(max_restarts=1, window_s=600.0))
+    outcomes = [r.on_incident(other(incident, i, "gpu-07"), NOW + i)[0]["outcome"] for i in range(1, 11)]
+    assert outcomes == ["ok"] + ["skipped: rate limit"] * 9
+    assert [c for c in calls(bindir) if c[1] == "restart"] == [["drain-hook", "restart", "llm-train-7b"]]
+    other_job = other(incident, 20, "gpu-07")
+    other_job["job"] = "llm-train-13b"
+    assert r.on_incident(other_job, NOW + 20)[0]["outcome"] == "ok"
+
+
+@pytest.mark.parametrize("job", ["--help", "a\nb", "a\x00b", "x y", "rm;-rf", "node[1-3]"])
+def test_unsafe_job_names_never_reach_a_command(bindir: Path, incident: dict[str, Any], job: str) -> None:
+    inc = dict(incident, job=job)
+    (rec,) = runner(**_restart_policy()).on_incident(inc, NOW)
+    assert rec["outcome"] == "refused: unsafe target" and "job" in rec["detail"]
+    assert calls(bindir) == []
+
+
+@pytest.mark.parametrize("host", ["ALL", "all", "gpu-[01-64]", "gpu-01,gpu-02", "-gpu"])
+def test_slurm_never_gets_a_name_that_selects_other_nodes(bindir: Path, incident: dict[str, Any],
+                                                          host: str) -> None:
+    (drain,) = by_action(runner(dry_run=False).on_incident(other(incident, 5, host), NOW), "drain")
+    assert drain["outcome"] == "refused: unsafe target"
+    assert [c for c in calls(bindir) if c[1] == "update"] == []
+
+
+def test_a_slurm_node_set_is_refused(bindir: Path, incident: dict[str, Any]) -> None:
+    (bindir / "node_state.txt").write_text("NodeName=gpu-01 State=IDLE\n\nNodeName=gpu-02 State=IDLE\n")
+    (drain,) = by_action(runner(dry_run=False).on_incident(incident, NOW), "drain")
+    assert drain["outcome"] == "refused: unsafe target" and "several nodes" in drain["detail"]
+    assert [c[1] for c in calls(bindir)] == ["show"]
+
+
+def test_worker_runs_slow_actions_off_the_callers_thread(bindir: Path, incident: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """A drain that takes 30 s must not hold up the caller (the ingest loop): submit returns at
+    once, the record arrives later from results(), with its own SQLite connection."""
+    from c4.aggregator.actions import ActionWorker
+
+    (bindir / "FAKE_SLEEP").write_text("")
+    cfg = build(ActionsConfig, {"dry_run": False, "timeout_s": 1.0}, "actions")
+    w = ActionWorker(cfg, str(tmp_path / "c4.db"), logging.getLogger("test.actions"), clock=lambda: NOW)
+    try:
+        t0 = time.monotonic()
+        for i in range(1, 4):
+            w.submit(other(incident, i, f"gpu-0{i}"), NOW)
+        assert time.monotonic() - t0 < 0.5, "submit waited for the command"
+        assert w.results() == [] or all(r for _, r in w.results())
+        done: dict[int, list[dict[str, Any]]] = {}
+        deadline = time.monotonic() + 20
+        while len(done) < 3 and time.monotonic() < deadline:
+            done.update(w.results())
+            time.sleep(0.05)
+        assert sorted(done) == [1, 2, 3]
+        drains = [by_action(done[i], "drain")[0]["outcome"] for i in (1, 2, 3)]
+        assert drains == ["timeout", "timeout", "skipped: rate limit"]  # timeouts count
+    finally:
+        w.close()
+    db = sqlite3.connect(tmp_path / "c4.db")
+    assert db.execute("SELECT COUNT(*) FROM actions WHERE action = 'drain'").fetchone() == (3,)
+
+
+def test_worker_queue_is_bounded(bindir: Path, incident: dict[str, Any], tmp_path: Path) -> None:
+    from c4.aggregator.actions import ActionWorker
+
+    (bindir / "FAKE_SLEEP").write_text("")
+    cfg = build(ActionsConfig, {"dry_run": False, "timeout_s": 2.0}, "actions")
+    w = ActionWorker(cfg, str(tmp_path / "c4.db"), logging.getLogger("test.actions"), maxsize=2)
+    try:
+        for i in range(1, 8):
+            w.submit(other(incident, i, f"gpu-0{i}"), NOW)
+        assert w.dropped >= 4  # one in progress, two queued, the rest dropped and counted
+    finally:
+        w.close(0.1)
