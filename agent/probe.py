@@ -1,0 +1,412 @@
+"""Path discovery: trace one fixed 5-tuple with rising TTL, Paris-traceroute style (docs/wire.md,
+`probe`/`probe_result`; docs/planning.md).
+
+ECMP routers hash the 5-tuple, so every packet of a trace must carry exactly the flow's tuple:
+one socket bound to (src, sport) sends to (dst, dport) with IP_TTL 1, 2, ...; the router where the
+TTL runs out answers ICMP time-exceeded, which the kernel queues on that socket's error queue
+(IP_RECVERR) with the router's address as the offender. No raw socket, no privilege.
+
+- `roce`: UDP datagrams to dport 4791, hashed like the RoCEv2 packets of a QP with that UDP
+  source port. The destination answers port-unreachable (a Linux host without rxe) or nothing
+  (a RoCE NIC consumes 4791 itself).
+- `tcp`: TCP SYNs from a socket bound to sport. A SYN that reached the destination would open a
+  connection to the application's listening socket (gloo, NCCL bootstrap), so TCP is traced only
+  up to the last router: the destination's distance is learned first with a UDP datagram to a
+  closed port (every ECMP path of a leaf-spine fabric has the same length) and SYNs go out with
+  TTL below it. Without a known distance a TCP trace is refused with an error.
+
+The prober is synchronous; the agent runs it on a worker thread (ProbeWorker) so a silent hop
+never delays reports. Packets are rate limited (token bucket, all traces together) and results
+cached briefly so a repeated request costs nothing; the aggregator's path map is the long-term
+store and decides when to ask again.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import queue
+import select
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+ROCE_DPORT = 4791
+DISTANCE_DPORT = 33434  # traceroute's first port: closed on ordinary hosts
+MSG_ERRQUEUE = 0x2000
+IP_RECVERR = 11
+IPV6_RECVERR = 25
+SO_EE_ORIGIN_ICMP, SO_EE_ORIGIN_ICMP6 = 2, 3
+# struct sock_extended_err, then the offender's sockaddr (SO_EE_OFFENDER)
+EXT_ERR = struct.Struct("=IBBBBII")
+# ICMP (type, code) meanings per family: time exceeded, destination unreachable (port)
+TIME_EXCEEDED = {socket.AF_INET: 11, socket.AF_INET6: 3}
+DEST_UNREACH = {socket.AF_INET: 3, socket.AF_INET6: 1}
+PORT_UNREACH = {socket.AF_INET: 3, socket.AF_INET6: 4}
+
+log = logging.getLogger("c4.agent.probe")
+
+
+class ProbeError(Exception):
+    """A 5-tuple that cannot be traced; `str()` is the reason sent to the aggregator."""
+
+
+@dataclass
+class Trace:
+    proto: str
+    src: str | None
+    dst: str
+    sport: int
+    dport: int
+    hops: list[str | None] = field(default_factory=list)
+    reached: bool = False
+    error: str | None = None
+
+    def entry(self, probe_id: str) -> dict[str, Any]:
+        """One `probe_result.results` entry."""
+        out: dict[str, Any] = {"id": probe_id, "sport": self.sport, "hops": list(self.hops),
+                               "reached": self.reached}
+        if self.error:
+            out["error"] = self.error[:512]
+        return out
+
+
+@dataclass
+class _Answer:
+    kind: str  # "router" (time exceeded), "dest" (the destination answered), "unreach"
+    addr: str
+    icmp_type: int
+    icmp_code: int
+
+
+class TokenBucket:
+    """`rate` packets per second, at most `burst` at once; take() sleeps until a token is there."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.rate, self.burst, self.clock, self.sleep = rate, burst, clock, sleep
+        self.tokens = burst
+        self.at = clock()
+
+    def take(self) -> None:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            self.sleep((1 - self.tokens) / self.rate)
+            self.tokens = 1
+            self.at = self.clock()
+        self.tokens -= 1
+
+
+def _family(addr: str) -> int:
+    return socket.AF_INET6 if ipaddress.ip_address(addr).version == 6 else socket.AF_INET
+
+
+def _ttl_option(family: int) -> tuple[int, int]:
+    if family == socket.AF_INET6:
+        return socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS
+    return socket.IPPROTO_IP, socket.IP_TTL
+
+
+def _read_errqueue(sock: socket.socket) -> _Answer | None:
+    """One ICMP error from the socket's error queue, or None if it holds none."""
+    try:
+        _, ancdata, _, _ = sock.recvmsg(512, 512, MSG_ERRQUEUE)
+    except BlockingIOError:
+        return None
+    for level, kind, data in ancdata:
+        if (level, kind) not in ((socket.IPPROTO_IP, IP_RECVERR),
+                                 (socket.IPPROTO_IPV6, IPV6_RECVERR)):
+            continue
+        _errno, origin, icmp_type, code, _pad, _info, _data = EXT_ERR.unpack_from(data)
+        if origin not in (SO_EE_ORIGIN_ICMP, SO_EE_ORIGIN_ICMP6):
+            continue
+        fam = struct.unpack_from("=H", data, EXT_ERR.size)[0]
+        if fam == socket.AF_INET:
+            addr = socket.inet_ntop(socket.AF_INET, data[EXT_ERR.size + 4:EXT_ERR.size + 8])
+        elif fam == socket.AF_INET6:
+            addr = socket.inet_ntop(socket.AF_INET6, data[EXT_ERR.size + 8:EXT_ERR.size + 24])
+        else:
+            continue
+        family = socket.AF_INET if origin == SO_EE_ORIGIN_ICMP else socket.AF_INET6
+        if icmp_type == TIME_EXCEEDED[family]:
+            return _Answer("router", addr, icmp_type, code)
+        if icmp_type == DEST_UNREACH[family] and code == PORT_UNREACH[family]:
+            return _Answer("dest", addr, icmp_type, code)
+        return _Answer("unreach", addr, icmp_type, code)
+    return None
+
+
+class Prober:
+    """Traces fixed 5-tuples. Not thread-safe: one worker thread owns it."""
+
+    def __init__(self, *, hop_timeout: float = 0.25, silent_limit: int = 3, rate: float = 500.0,
+                 burst: float = 100.0, cache_ttl: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.hop_timeout = hop_timeout
+        self.silent_limit = silent_limit  # consecutive silent TTLs that end a trace
+        self.bucket = TokenBucket(rate, burst, clock, sleep)
+        self.cache_ttl = cache_ttl
+        self.clock = clock
+        self._cache: dict[tuple[Any, ...], tuple[float, Trace]] = {}
+        self._distance: dict[tuple[str | None, str], tuple[float, int]] = {}
+        self.packets = 0
+
+    # -- public ---------------------------------------------------------------------------
+    def trace(self, proto: str, dst: str, sport: int, *, dport: int | None = None,
+              src: str | None = None, max_ttl: int = 8) -> Trace:
+        dport = ROCE_DPORT if dport is None and proto == "roce" else dport
+        t = Trace(proto, src, dst, sport, dport or 0)
+        if dport is None:
+            t.error = "dport is required for tcp"
+            return t
+        key = (proto, src, dst, sport, dport, max_ttl)
+        hit = self._cache.get(key)
+        if hit and self.clock() - hit[0] < self.cache_ttl:
+            return hit[1]
+        try:
+            if proto not in ("roce", "tcp"):
+                raise ProbeError(f"unknown proto {proto!r}")
+            try:
+                routers: int | None = self.distance(src, dst) - 1
+            except ProbeError:
+                if proto == "tcp":
+                    raise
+                routers = None  # trace until the destination answers or the path goes silent
+            ttls = max_ttl if routers is None else min(max_ttl, routers)
+            if proto == "roce":
+                self._trace_udp(t, ttls, known_end=routers is not None)
+            else:
+                self._trace_tcp(t, ttls)
+            if routers is not None and t.error is None:
+                # every router answered and the next hop is the destination: the path is known
+                t.reached = t.reached or (len(t.hops) == routers and all(t.hops))
+        except ProbeError as exc:
+            t.error = str(exc)
+        except OSError as exc:
+            t.error = f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
+        if t.error is None:
+            self._cache[key] = (self.clock(), t)
+        self._prune()
+        return t
+
+    def forget(self) -> None:
+        self._cache.clear()
+        self._distance.clear()
+
+    # -- UDP (RoCEv2) ---------------------------------------------------------------------
+    def _udp_socket(self, family: int, src: str | None, sport: int) -> socket.socket:
+        s = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVERR, 1)
+            else:
+                s.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+            s.bind((src or "", sport))
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    def _trace_udp(self, t: Trace, max_ttl: int, *, known_end: bool = False) -> None:
+        family = _family(t.dst)
+        level, opt = _ttl_option(family)
+        with self._udp_socket(family, t.src, t.sport) as s:
+            self._walk(t, max_ttl, lambda ttl: self._udp_send(s, level, opt, ttl, t), lambda: s,
+                       known_end=known_end)
+
+    def _udp_send(self, s: socket.socket, level: int, opt: int, ttl: int, t: Trace) -> None:
+        s.setsockopt(level, opt, ttl)
+        # The payload names the TTL so a late answer for an earlier TTL is recognisable.
+        s.sendto(struct.pack("!4sH", b"c4pr", ttl), (t.dst, t.dport))
+
+    def distance(self, src: str | None, dst: str) -> int:
+        """Hops to dst (routers + 1), learned once per cache period with a UDP datagram to a
+        closed port from an ephemeral port: every ECMP path of a leaf-spine fabric has the same
+        length. Silent TTLs just before the destination's answer are counted as the destination
+        (hosts rate-limit port-unreachable), so the distance errs short, never long: a TCP trace
+        then misses the last router rather than sending a SYN to the application."""
+        hit = self._distance.get((src, dst))
+        if hit and self.clock() - hit[0] < self.cache_ttl:
+            return hit[1]
+        t = Trace("roce", src, dst, 0, DISTANCE_DPORT)
+        self._trace_udp(t, 32)
+        if not t.reached:
+            raise ProbeError(f"distance to {dst} unknown: no port-unreachable from it for a UDP "
+                             f"datagram to port {DISTANCE_DPORT}; TCP probes are not sent, a SYN "
+                             f"reaching the destination would open a connection to the "
+                             f"application")
+        while t.hops and t.hops[-1] is None:
+            t.hops.pop()
+        self._distance[(src, dst)] = (self.clock(), len(t.hops) + 1)
+        return len(t.hops) + 1
+
+    # -- TCP ------------------------------------------------------------------------------
+    def _trace_tcp(self, t: Trace, max_ttl: int) -> None:
+        family = _family(t.dst)
+        level, opt = _ttl_option(family)
+        holder: list[socket.socket] = []
+
+        def send(ttl: int) -> None:
+            for old in holder:
+                old.close()
+            holder.clear()
+            s = socket.socket(family, socket.SOCK_STREAM)
+            holder.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVERR, 1)
+            else:
+                s.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+            s.setsockopt(level, opt, ttl)
+            # RST on close, never a FIN handshake or TIME_WAIT holding the port
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.setblocking(False)
+            s.bind((t.src or "", t.sport))
+            try:
+                s.connect((t.dst, t.dport))
+            except BlockingIOError:
+                pass
+
+        try:
+            self._walk(t, max_ttl, send, lambda: holder[0], known_end=True)
+        finally:
+            for s in holder:
+                s.close()
+
+    # -- common ---------------------------------------------------------------------------
+    def _walk(self, t: Trace, max_ttl: int, send: Callable[[int], None],
+              sock: Callable[[], socket.socket], *, known_end: bool = False) -> None:
+        """TTL 1..max_ttl until the destination answers. With `known_end` (max_ttl is the last
+        router) silent hops keep their place; otherwise trailing silence is dropped."""
+        silent = 0
+        for ttl in range(1, max_ttl + 1):
+            self.bucket.take()
+            send(ttl)
+            self.packets += 1
+            answer = self._wait(sock())
+            if answer is None:
+                t.hops.append(None)
+                silent += 1
+                if silent >= self.silent_limit and not known_end:
+                    break
+                continue
+            silent = 0
+            if answer.kind == "router":
+                t.hops.append(answer.addr)
+                continue
+            if answer.kind == "dest":
+                t.reached = True
+            else:
+                t.error = (f"ICMP unreachable type {answer.icmp_type} code {answer.icmp_code} "
+                           f"from {answer.addr} at TTL {ttl}")
+            break
+        while not known_end and t.hops and t.hops[-1] is None and not t.reached:
+            t.hops.pop()  # trailing silence says nothing about the path
+
+    def _wait(self, s: socket.socket) -> _Answer | None:
+        deadline = self.clock() + self.hop_timeout
+        stream = s.type == socket.SOCK_STREAM
+        poller = select.poll()
+        poller.register(s, select.POLLERR | select.POLLIN | (select.POLLOUT if stream else 0))
+        while True:
+            left = deadline - self.clock()
+            if left <= 0 or not poller.poll(left * 1000):
+                return None
+            answer = _read_errqueue(s)
+            if answer is not None:
+                return answer
+            err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if stream:
+                # No ICMP: the SYN reached the destination (RST or SYN-ACK; closing the
+                # socket sends RST), or the socket died for another reason.
+                if err in (0, errno.ECONNREFUSED):
+                    return _Answer("dest", "", 0, 0)
+                raise OSError(err, f"{errno.errorcode.get(err, err)} while probing")
+            try:
+                s.recv(64)  # a datagram nobody asked for
+            except OSError:
+                pass
+
+    def _prune(self) -> None:
+        now = self.clock()
+        for k in [k for k, (at, _) in self._cache.items() if now - at >= self.cache_ttl]:
+            del self._cache[k]
+
+
+class ProbeWorker:
+    """Runs `probe` requests on a thread; the agent's loop sends what `results()` returns."""
+
+    def __init__(self, prober: Prober, *, max_pending: int = 16) -> None:
+        self.prober = prober
+        self._requests: queue.Queue[dict[str, Any]] = queue.Queue(max_pending)
+        self._done: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="c4-prober", daemon=True)
+        self._thread.start()
+
+    def submit(self, body: dict[str, Any]) -> None:
+        """Queue a validated `probe` body; a full queue answers at once with errors."""
+        with self._lock:
+            self._busy += 1
+        try:
+            self._requests.put_nowait(body)
+        except queue.Full:
+            self._finish(refuse(body, "rate limited: too many probe requests queued"))
+
+    def pending(self) -> bool:
+        with self._lock:
+            return self._busy > 0
+
+    def results(self) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        self._requests.put({})  # wakes the thread; an empty body means stop
+        self._thread.join(timeout=5)
+
+    def _finish(self, result: dict[str, Any]) -> None:
+        self._done.put(result)
+        with self._lock:
+            self._busy -= 1
+
+    def _run(self) -> None:
+        while True:
+            body = self._requests.get()
+            if not body:
+                return
+            try:
+                self._finish(run_probe(self.prober, body))
+            except Exception as exc:  # a bug must not kill the thread or leave a request unanswered
+                log.exception("probe %s failed", body.get("probe_id"))
+                self._finish(refuse(body, f"agent error: {type(exc).__name__}: {exc}"))
+
+
+def run_probe(prober: Prober, body: dict[str, Any]) -> dict[str, Any]:
+    """`probe` body -> `probe_result` body."""
+    results = []
+    for p in body["probes"]:
+        for sport in p["sports"]:
+            t = prober.trace(p["proto"], p["dst"], sport, dport=p.get("dport"),
+                             src=p.get("src"), max_ttl=p.get("max_ttl", 8))
+            results.append(t.entry(p["id"]))
+    return {"probe_id": body["probe_id"], "results": results}
+
+
+def refuse(body: dict[str, Any], reason: str) -> dict[str, Any]:
+    return {"probe_id": body["probe_id"], "results": [
+        {"id": p["id"], "sport": s, "hops": [], "reached": False, "error": reason}
+        for p in body["probes"] for s in p["sports"]]}
