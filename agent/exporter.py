@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from c4 import __version__
 from c4.core import catalog
+from c4.core.ibmetrics import port_counter_families
 
 from . import bpf_stats
 
@@ -134,11 +135,8 @@ def infiniband_metrics(section: dict[str, Any] | None,
                                     "1: sleep, 2: polling, 3: disable, 4: shift, 5: link up, "
                                     "6: link error recover, 7: phytest)"),
         (catalog.RATE_METRIC, "Maximum signal transfer rate"))}
-    counters: dict[str, CounterMetricFamily] = {}
-    other = CounterMetricFamily(catalog.OTHER_COUNTER_METRIC.removesuffix("_total"),
-                                "RDMA port counters node_exporter has no name for, by sysfs name",
-                                labels=[*labels, "counter"])
-    for p in (section or {}).get("ports", []):
+    ports = (section or {}).get("ports", [])
+    for p in ports:
         where = [p["dev"], str(p["port"])]
         if p["state"] in catalog.PORT_STATE_IDS:
             gauges[catalog.STATE_METRIC].add_metric(where, catalog.PORT_STATE_IDS[p["state"]])
@@ -147,19 +145,9 @@ def infiniband_metrics(section: dict[str, Any] | None,
                 where, catalog.PHYS_STATE_IDS[p["phys_state"]])
         if p.get("rate_gbps") is not None:
             gauges[catalog.RATE_METRIC].add_metric(where, int(p["rate_gbps"] * catalog.BYTES_PER_GBIT))
-        for name, value in p.get("counters", {}).items():
-            metric = catalog.NODE_EXPORTER_METRICS.get(name)
-            if metric is None:
-                other.add_metric([*where, name], value)
-                continue
-            fam = counters.get(metric)
-            if fam is None:
-                fam = counters[metric] = CounterMetricFamily(
-                    metric.removesuffix("_total"), f"sysfs {name}", labels=labels)
-            fam.add_metric(where, value * catalog.COUNTER_SCALE.get(name, 1))
     yield from gauges.values()
-    yield from counters.values()
-    yield other
+    yield from port_counter_families(
+        (([p["dev"], str(p["port"])], p.get("counters", {})) for p in ports), labels)
 
 
 def _plugin_metrics(section: dict[str, Any] | None) -> Iterator[Metric]:

@@ -17,9 +17,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from c4.core.catalog import COUNTER_SCALE, NODE_EXPORTER_METRICS
-
 from .ingest import Ingest
+from .ui import PAGE
 
 log = logging.getLogger("c4.aggregator.api")
 
@@ -44,6 +43,7 @@ class Api:
         self.started = clock()
         self.metrics = CollectorRegistry(auto_describe=False)
         self.metrics.register(_IngestMetrics(self))
+        self.alerts: Any = None  # alerts.Alerts: its deliveries show in the incident route
 
     def get(self, path: str, query: dict[str, list[str]]) -> Any:
         parts = [unquote(p) for p in path.strip("/").split("/") if p]
@@ -76,6 +76,8 @@ class Api:
                 inc = self.diagnosis.incident(int(rest[0])) if self.diagnosis else None
                 if inc is None:
                     raise NotFound(f"no incident {rest[0]}")
+                if self.alerts is not None:
+                    inc = dict(inc, alerts=self.alerts.status(inc["id"]))
                 return inc
             if what == "jobs" and not rest:
                 return {"jobs": self.diagnosis.jobs() if self.diagnosis else []}
@@ -109,31 +111,6 @@ class _IngestMetrics:
         for status in ("up", "silent"):
             g.add_metric([status], sum(1 for h in hosts if h.status == status))
         yield g
-        yield from _rdma_metrics(hosts)
-
-
-def _rdma_metrics(hosts: list[Any]) -> Any:
-    """Every host's latest RDMA port counters: node_exporter's infiniband names where a counter
-    has one (dashboards keep working, with a `host` label added), `c4_rdma_port_counter` for
-    the rest (hw_counters: ECN marks, CNPs, out-of-sequence, ...)."""
-    labels = ["host", "device", "port"]
-    named: dict[str, CounterMetricFamily] = {}
-    other = CounterMetricFamily("c4_rdma_port_counter", "RDMA port counter by sysfs name",
-                                labels=[*labels, "counter"])
-    for h in hosts:
-        for p in (h.last_report.get("rdma") or {}).get("ports", []):
-            where = [h.name, p["dev"], str(p["port"])]
-            for name, value in p.get("counters", {}).items():
-                metric = NODE_EXPORTER_METRICS.get(name)
-                if metric is None:
-                    other.add_metric([*where, name], value)
-                    continue
-                if metric not in named:
-                    named[metric] = CounterMetricFamily(
-                        metric.removesuffix("_total"), f"sysfs counters/{name}", labels=labels)
-                named[metric].add_metric(where, value * COUNTER_SCALE.get(name, 1))
-    yield from named.values()
-    yield other
 
 
 def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
@@ -142,6 +119,9 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
             url = urlsplit(self.path)
+            if url.path in ("/ui", "/ui/"):
+                self._send(200, PAGE, "text/html; charset=utf-8")
+                return
             if url.path == "/metrics":
                 self._send(200, generate_latest(api.metrics), "text/plain; version=0.0.4")
                 return

@@ -23,6 +23,11 @@ class AggregatorConfig:
     topology: str = field("", "topology JSON file (c4/core/topology.py); empty: none")
     diagnosis: dict[str, Any] = field({}, "C4D thresholds (docs/diagnosis.md)")
     actions: dict[str, Any] = field({}, "action policy (docs/actions.md)")
+    alerts: dict[str, Any] = field({}, "alert receivers: Alertmanager, PagerDuty, Slack, "
+                                       "webhook (docs/operations.md#alerts)")
+    metrics_host_counters: bool = field(False, "also export every up host's RDMA port counters "
+                                        "on /metrics (`host` label); off: scrape the agents, "
+                                        "which export them (docs/operations.md#metrics)")
 
     def validate(self, where: str) -> None:
         if not self.listen.startswith(("tcp://", "ipc://", "inproc://")):

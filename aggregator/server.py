@@ -13,7 +13,11 @@ import zmq
 from c4.core import config as c4config
 from c4.core import wire
 
+from c4.core.sdnotify import Notifier
+
+from .alerts import Alerts, AlertsConfig
 from .api import Api, serve
+from .metrics import ClusterMetrics
 from .config import AggregatorConfig
 from .ingest import Ingest
 from .state import HostRegistry
@@ -65,6 +69,16 @@ class Server:
         # The API thread reads diagnosis state through its own lock; SQLite is shared.
         self.core = build_core(cfg, clock=clock, check_same_thread=False)
         self.api = Api(self.core.ingest, self.core.diagnosis, self.lock, clock)
+        acfg = c4config.build(AlertsConfig, cfg.alerts, "alerts")
+        if not acfg.external_url:
+            acfg.external_url = f"http://{cfg.api}"
+        self.alerts = Alerts(acfg, logging.getLogger("c4.aggregator.alerts"), clock)
+        self.api.alerts = self.alerts
+        self.api.metrics.register(ClusterMetrics(
+            self.lock, lambda: self.core.registry.hosts.values(), self.core.store.conn,
+            self.core.diagnosis, clock, host_counters=cfg.metrics_host_counters,
+            alerts=self.alerts))
+        self.notify = Notifier()
         self.stop_event = threading.Event()
         self.zctx = zmq.Context()
         self.sock = self.zctx.socket(zmq.ROUTER)
@@ -119,7 +133,9 @@ class Server:
         next_prune = self.clock() + PRUNE_S
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        self.notify.ready(f"ingest on {self.cfg.listen}, API on http://{self.cfg.api}")
         while not self.stop_event.is_set():
+            self.notify.watchdog()  # the loop comes round every 0.2 s at most
             timeout = max(0.0, min(next_tick - self.clock(), 0.2))
             if poller.poll(int(timeout * 1000)):
                 self._drain()
@@ -127,6 +143,8 @@ class Server:
             if now >= next_tick:
                 with self.lock:
                     self.core.ingest.tick(now)
+                    self.alerts.tick(now, self.core.diagnosis)  # only queues: a worker sends
+                    self._status()
                 next_tick = now + TICK_S
             if now >= next_prune:
                 with self.lock:
@@ -135,7 +153,15 @@ class Server:
         self.close()
         return 0
 
+    def _status(self) -> None:
+        hosts = self.core.registry.hosts.values()
+        silent = sum(1 for h in hosts if h.status != "up")
+        self.notify.status(f"{len(hosts)} hosts ({silent} silent), "
+                           f"{sum(self.core.ingest.accepted.values())} frames accepted")
+
     def close(self) -> None:
+        self.notify.stopping()
+        self.alerts.close()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.sock.close(0)

@@ -13,6 +13,7 @@ APT_PACKAGES=(
   python3-pyverbs rdma-core libibverbs-dev ibverbs-providers   # verbs ABI: uprobe target, QP listing
   iproute2 nftables iptables ethtool iperf3 kmod   # namespaces, loss injection, PFC stats, traffic
   gcc make pkg-config procps psmisc               # plugin and test libraries
+  prometheus prometheus-alertmanager chromium     # promtool checks, alert and dashboard tests, /ui test
 )
 
 if [ "$(id -u)" -ne 0 ]; then

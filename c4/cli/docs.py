@@ -17,6 +17,7 @@ END = "<!-- END GENERATED -->"
 def _config_tables() -> str:
     from c4.agent.config import AgentConfig
     from c4.aggregator.actions import ActionsConfig
+    from c4.aggregator.alerts import AlertsConfig, Receiver
     from c4.aggregator.config import AggregatorConfig
     from c4.aggregator.diagnosis.config import DiagnosisConfig
 
@@ -25,7 +26,9 @@ def _config_tables() -> str:
     out = []
     for title, cls in (("agent.toml", AgentConfig), ("aggregator.toml", AggregatorConfig),
                        ("aggregator.toml `[diagnosis]`", DiagnosisConfig),
-                       ("aggregator.toml `[actions]`", ActionsConfig)):
+                       ("aggregator.toml `[actions]`", ActionsConfig),
+                       ("aggregator.toml `[alerts]`", AlertsConfig),
+                       ("aggregator.toml `[[alerts.receivers]]`", Receiver)):
         out += [f"### {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for key, typ, default, doc in describe(cls):
             out.append(f"| `{key}` | {typ} | `{default}` | {doc} |".replace("\n", " "))

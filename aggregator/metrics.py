@@ -1,0 +1,132 @@
+"""The aggregator's /metrics: the cluster view only it has (docs/operations.md#metrics).
+
+Per host: `c4_host_up` and the age of its last frame; incidents by class and state; the
+suspects of open incidents; actions by outcome; alert deliveries. Time series of each host's
+counters belong to the agents' own exporters: the aggregator re-exports them only with
+`metrics_host_counters = true`, and then only for hosts that are up, so a dead host's frozen
+counters never read as a healthy host with rate() 0.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Any, Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from c4.core.ibmetrics import port_counter_families
+
+from .diagnosis.findings import CLASS_RANK
+
+STATES = ("open", "mitigated", "resolved")
+ACTIONS = ("alert", "drain", "restart")
+# actions.py outcomes folded into a fixed set, so every series exists from the start
+RESULTS = {"ok": "ok", "dry-run": "dry_run", "failed": "failed", "timeout": "failed",
+           "error": "failed"}  # "skipped: ..." -> skipped
+
+
+class ClusterMetrics:
+    """prometheus_client custom collector, computed at scrape time under the aggregator lock."""
+
+    def __init__(self, lock: threading.Lock, hosts: Callable[[], list[Any]], db: sqlite3.Connection,
+                 diagnosis: Any, clock: Callable[[], float], *, host_counters: bool = False,
+                 alerts: Any = None) -> None:
+        self.lock = lock
+        self.hosts = hosts
+        self.db = db
+        self.diagnosis = diagnosis
+        self.clock = clock
+        self.host_counters = host_counters
+        self.alerts = alerts
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            now = self.clock()
+            hosts = list(self.hosts())
+            open_incidents = (self.diagnosis.incidents("open") + self.diagnosis.incidents("mitigated")
+                              if self.diagnosis is not None else [])
+            incidents = self._count("SELECT class, state, COUNT(*) FROM incidents GROUP BY 1, 2")
+            actions = self._count("SELECT action, outcome, COUNT(*) FROM actions GROUP BY 1, 2")
+            alerts = self.alerts.stats() if self.alerts is not None else {}
+        yield from _host_metrics(hosts, now)
+        yield from _incident_metrics(incidents, open_incidents)
+        yield from _action_metrics(actions)
+        yield from _alert_metrics(alerts)
+        if self.host_counters:
+            yield from _rdma_metrics([h for h in hosts if h.status == "up"])
+
+    def _count(self, sql: str) -> list[tuple[str, str, int]]:
+        try:
+            return list(self.db.execute(sql))
+        except sqlite3.OperationalError:  # table not created yet (no diagnosis / no actions)
+            return []
+
+
+def _host_metrics(hosts: list[Any], now: float) -> Iterator[Metric]:
+    up = GaugeMetricFamily("c4_host_up", "1 while the host's agent reports, 0 once silent",
+                           labels=["host"])
+    age = GaugeMetricFamily("c4_host_last_report_age_seconds",
+                            "Seconds since the host's last frame (aggregator clock)",
+                            labels=["host"])
+    for h in sorted(hosts, key=lambda h: h.name):
+        up.add_metric([h.name], 1.0 if h.status == "up" else 0.0)
+        age.add_metric([h.name], max(0.0, now - h.last_seen) if h.last_seen else float("nan"))
+    yield up
+    yield age
+
+
+def _incident_metrics(counts: list[tuple[str, str, int]],
+                      open_incidents: list[dict[str, Any]]) -> Iterator[Metric]:
+    g = GaugeMetricFamily("c4_incidents", "Incidents by class and state (all stored)",
+                          labels=["class", "state"])
+    by = {(c, s): 0 for c in CLASS_RANK for s in STATES}
+    for cls, state, n in counts:
+        by[(cls, state)] = by.get((cls, state), 0) + n
+    for (cls, state), n in sorted(by.items()):
+        g.add_metric([cls, state], n)
+    yield g
+    s = GaugeMetricFamily("c4_incident_suspect_confidence",
+                          "Confidence in each suspect of an open or mitigated incident (0..1)",
+                          labels=["incident", "class", "kind", "suspect", "host"])
+    for inc in open_incidents:
+        for sus in inc.get("suspects", [])[:3]:  # the ranked top: bounded cardinality
+            s.add_metric([str(inc["id"]), inc["class"], sus["kind"], sus["id"],
+                          sus.get("host") or ""], sus["confidence"])
+    yield s
+
+
+def _action_metrics(counts: list[tuple[str, str, int]]) -> Iterator[Metric]:
+    c = CounterMetricFamily("c4_actions", "Actions taken on incidents, by result (dry_run: "
+                            "recorded, not executed)", labels=["action", "result"])
+    by = {(a, r): 0 for a in ACTIONS for r in ("ok", "dry_run", "skipped", "failed")}
+    for action, outcome, n in counts:
+        key = (action, RESULTS.get(outcome, "skipped" if outcome.startswith("skipped") else "failed"))
+        by[key] = by.get(key, 0) + n
+    for (a, r), n in sorted(by.items()):
+        c.add_metric([a, r], n)
+    yield c
+
+
+def _alert_metrics(stats: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    sent = CounterMetricFamily("c4_alert_notifications", "Alert notifications delivered",
+                               labels=["receiver"])
+    failed = CounterMetricFamily("c4_alert_notification_failures",
+                                 "Alert notification attempts that failed (each retry counts)",
+                                 labels=["receiver"])
+    pending = GaugeMetricFamily("c4_alert_notifications_pending",
+                                "Notifications waiting to be (re)tried", labels=["receiver"])
+    for name, st in sorted(stats.items()):
+        sent.add_metric([name], st["sent"])
+        failed.add_metric([name], st["failed"])
+        pending.add_metric([name], st["pending"])
+    yield sent
+    yield failed
+    yield pending
+
+
+def _rdma_metrics(hosts: list[Any]) -> Iterator[Metric]:
+    """Up hosts' latest RDMA port counters, node_exporter's names plus a `host` label."""
+    yield from port_counter_families(
+        (([h.name, p["dev"], str(p["port"])], p.get("counters", {}))
+         for h in hosts for p in (h.last_report.get("rdma") or {}).get("ports", [])),
+        ["host", "device", "port"])
