@@ -34,13 +34,24 @@ def test_exec_start_runs_a_real_subcommand(name: str, command: list[str], config
     assert argv[1:3] == command
     args = build_parser().parse_args(argv[1:])
     assert callable(args.func) and args.config == config
-    assert (svc["Type"], svc["Restart"], svc["RestartSec"]) == ("simple", "always", "2")
+    assert (svc["Type"], svc["Restart"], svc["RestartSec"]) == ("notify", "always", "2")
+    # sd_notify from the main loop (c4/core/sdnotify.py); a config error (exit 2) is final
+    assert int(svc["WatchdogSec"]) >= 10 and svc["NotifyAccess"] == "main"
+    assert svc["RestartPreventExitStatus"] == "2"
+    for key in ("SystemCallArchitectures", "RestrictSUIDSGID", "RestrictRealtime", "UMask",
+                "DevicePolicy"):
+        assert svc[key], key
 
 
 def test_agent_unit_grants_what_ebpf_needs_and_its_run_dir() -> None:
     svc = unit("c4-agent.service")["Service"]
     caps = set(svc["CapabilityBoundingSet"].split())
-    assert {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_RESOURCE"} <= caps
+    assert {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_RESOURCE",
+            "CAP_SYS_PTRACE"} <= caps
+    comments = [line for line in (UNITS / "c4-agent.service").read_text().splitlines()
+                if line.startswith("#   CAP_")]
+    undocumented = [c for c in caps if not any(c in line for line in comments)]
+    assert not undocumented, f"every capability is commented with why: {undocumented}"
     assert svc["LimitMEMLOCK"] == "infinity" and svc["ProtectSystem"] == "strict"
     run_dir = AgentConfig().run_dir
     assert run_dir == Path("/run") / svc["RuntimeDirectory"]
