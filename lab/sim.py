@@ -42,6 +42,10 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "slow-link": ("comm_slow", "HOST,HOST (the path between two hosts)"),
     "lossy-link": ("comm_slow", "LEAF-SPINE (a fabric link id)"),
     "hang": ("noncomm_hang", "RANK (stops calling collectives)"),
+    "sigstop": ("noncomm_hang", "RANK (stopped inside a collective: its plugin falls silent, "
+                "the agent repeats its last summary, then drops it)"),
+    "kernel-hang": ("noncomm_hang", "RANK (stuck in a GPU kernel inside a collective, its "
+                    "plugin still reporting)"),
     "nic-down": ("hw_nic_down", "HOST/DEV"),
     "straggler": ("noncomm_slow", "RANK (arrives late at every collective)"),
     "xid": ("hw_xid", "RANK (Xid 79 on its GPU, then the rank hangs)"),
@@ -51,7 +55,9 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "host-down": ("host_silent", "HOST (agent and ranks stop)"),
 }
 EPOCH = 1.7e9  # simulated time 0 as a wall clock (frames carry epoch seconds)
-RANK_KINDS = ("hang", "straggler", "xid")
+RANK_KINDS = ("hang", "straggler", "xid", "sigstop", "kernel-hang")
+INSIDE_KINDS = ("nic-down", "sigstop", "kernel-hang")  # every rank enters the stuck op
+AGENT_REPEATS = 5  # the agent repeats a silent process's last summary this many intervals
 TRANSPORTS = ("nccl", "tcp")
 TCP_KINDS = ("slow-node", "slow-link", "lossy-link")  # what a TCP-only job can show
 TCP_PORT = 29500  # the job's listening port (the rendezvous side of each connection)
@@ -59,8 +65,8 @@ TCP_GOODPUT = 1.2e9  # bytes/s per connection at nominal speed
 TCP_SRTT_US = 40.0
 # retransmitted segments per MB on a clean connection, and the factor a fault multiplies it by
 TCP_LOSS_PER_MB = 0.01
-TCP_LOSS = {"lossy-link": 2000.0, "slow-link": 300.0, "slow-node": 1.0}
-HANG_KINDS = ("hang", "xid", "nic-down", "host-down")  # stop collective progress
+TCP_LOSS = {"slow-link": 300.0, "slow-node": 1.0}
+HANG_KINDS = ("hang", "xid", "nic-down", "host-down", "sigstop", "kernel-hang")
 COUNTERS = ("port_xmit_data", "port_rcv_data", "np_cnp_sent", "np_ecn_marked_roce_packets",
             "rp_cnp_handled", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err",
             "link_downed")
@@ -72,10 +78,26 @@ class Fault:
     target: str
     start: float
     end: float | None = None
+    params: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, spec: str) -> "Fault":
-        """KIND:TARGET@START[-END], e.g. `slow-link:node001,node002@30-90`."""
+        """KIND:TARGET@START[-END][;KEY=VALUE...], e.g. `slow-link:node001,node002@30-90`,
+        `lossy-link:leaf01-spine00@20;loss=0.002;dir=up`, `slow-node:node003/mlx5_1@9;x=1.11`
+        (keys: `x` slowdown factor, `loss` packet loss rate, `dir` up | down | both)."""
+        spec, *opts = spec.split(";")
+        params = {}
+        for o in opts:
+            k, eq, v = o.partition("=")
+            if not eq or k not in ("x", "loss", "dir"):
+                raise SimError(f"fault option {o!r}: expected x=, loss= or dir=")
+            params[k] = v
+        if params.get("dir", "both") not in ("up", "down", "both"):
+            raise SimError(f"fault option dir={params['dir']}: expected up, down or both")
+        try:
+            float(params.get("x", 1)), float(params.get("loss", 0))
+        except ValueError:
+            raise SimError(f"fault {spec!r}: x and loss must be numbers") from None
         head, at, when = spec.partition("@")
         kind, colon, target = head.partition(":")
         if not colon or not at or not target:
@@ -90,7 +112,7 @@ class Fault:
             raise SimError(f"fault {spec!r}: START and END must be seconds") from None
         if start < 0 or (end is not None and end <= start):
             raise SimError(f"fault {spec!r}: need 0 <= START < END")
-        return cls(kind, target, start, end)
+        return cls(kind, target, start, end, params)
 
     def active(self, t: float) -> bool:
         return self.start <= t and (self.end is None or t < self.end)
@@ -162,6 +184,9 @@ class Conn:
     mult: float = 1.0  # this interval's network time per byte, relative to nominal
     blip: float = 1.0  # transient congestion for one interval (clean-run realism)
     stuck: bool = False  # its NIC or link is down: data in flight never completes
+    loss: float = 0.0  # packet loss rate on its path this interval (lossy links it crosses)
+    sent: int = 0  # bytes it carried in the last interval (for the NICs' loss counters)
+    tails: int = 0  # message tails lost in the last interval (ACK timeouts)
 
 
 class Incarnation:
@@ -178,6 +203,8 @@ class Incarnation:
         self.frozen_at: float | None = None  # S where progress stopped
         self.stall_since: float | None = None
         self.culprits: set[int] = set()  # ranks that did not enter the stalled op
+        self.inside: dict[int, str] = {}  # rank -> sigstop | kernel-hang: entered, stuck in it
+        self.repeats: dict[int, list] = {}  # sigstopped rank -> [last summary, times repeated]
         self.stall_events: set[int] = set()
 
     def S(self, t: float) -> float:
@@ -320,6 +347,9 @@ class Simulator:
         self.sockets: dict[tuple[str, str], list[int]] = {}  # (host, peer) -> acked, rcvd, retrans
         self.clean_events: list[dict[str, Any]] = []
         self.blips: dict[int, list[tuple[str, Any]]] = {}
+        # other tenants' congestion: (start, end, fabric link, direction, factor)
+        self.bursts: list[tuple[float, float, str, str, float]] = []
+        self.checkpoints: list[tuple[float, float, int]] = []  # (start, end, job index)
         self._plan_realism()
         for job in self.jobs:
             self._launch(job, 0.0, late=cfg.realism)
@@ -358,9 +388,29 @@ class Simulator:
 
     def _plan_realism(self) -> None:
         """Clean-run noise that must not raise incidents: one-off slow steps, transient
-        congestion on one connection, one rank late for one op (GC pause)."""
+        congestion on one connection, one rank late for one op (GC pause), other tenants'
+        congestion on a fabric link (2-6 s, 1.8-4x, one direction), checkpoints (every rank
+        pauses between collectives for 10-40 s)."""
         if not self.cfg.realism:
             return
+        fabric = sorted(lk for lk, x in self.topo.links.items() if x.kind == "fabric")
+        t = self.rng.expovariate(1 / 120.0)
+        while t < self.cfg.duration and fabric:  # about one burst per 2 minutes
+            d = self.rng.uniform(2.0, 6.0)
+            lk = self.rng.choice(fabric)
+            self.bursts.append((t, t + d, lk, self.rng.choice(("up", "down")),
+                                self.rng.uniform(1.8, 4.0)))
+            self.clean_events.append({"kind": "tenant_burst", "t": round(t, 2), "link": lk,
+                                      "s": round(d, 2)})
+            t += self.rng.expovariate(1 / 120.0)
+        for job in self.jobs:
+            t = self.rng.uniform(120.0, 600.0)
+            while t < self.cfg.duration:
+                d = self.rng.uniform(10.0, 40.0)
+                self.checkpoints.append((t, t + d, job.index))
+                self.clean_events.append({"kind": "checkpoint", "t": round(t, 2),
+                                          "job": job.id, "s": round(d, 2)})
+                t += d + self.rng.uniform(300.0, 900.0)
         n = int(self.cfg.duration / self.cfg.interval)
         per_h = self.cfg.interval / 3600.0
         for k in range(n):
@@ -414,7 +464,7 @@ class Simulator:
                 pci = xid_pci(self.topo.hosts[host].gpu_pci[r % job.G])
                 return {"suspect": {"kind": "gpu", "id": f"{host}/{pci}", "host": host},
                         "job": job.id, "rank": r}
-            kind, sid = ("host", host) if f.kind == "hang" else ("rank", str(r))
+            kind, sid = ("rank", str(r)) if f.kind == "straggler" else ("host", host)
             return {"suspect": {"kind": kind, "id": sid, "host": host}, "job": job.id, "rank": r}
         if f.kind == "slow-link":
             a, b = t.split(",")
@@ -483,13 +533,20 @@ class Simulator:
             if t0 <= tr < t1:
                 self._restart(job, tr)
         faults = [f for f in self.faults if f.active(t0) or (t0 <= f.start < t1)]
+        bursts = [b for b in self.bursts if b[0] < t1 and b[1] > t0]
         for c in job.conns:
             m = c.blip
             c.blip = 1.0
             if cfg.noise:
                 m *= math.exp(self.rng.gauss(0.0, cfg.noise))
+            c.loss = sum(_loss(f, cfg.slowdown) for f in faults
+                         if f.kind == "lossy-link" and _crosses(c, f.target, f.params.get("dir")))
+            m *= _loss_slowdown(c.loss)
             for f in faults:
                 m *= self._conn_fault(f, c)
+            for b0, b1, lk, d, x in bursts:  # share of the interval the burst covers
+                if _crosses(c, lk, d):
+                    m *= 1 + (x - 1) * (min(b1, t1) - max(b0, t0)) / (t1 - t0)
             c.mult = m
             c.stuck = any(self._conn_stuck(f, c) for f in faults if f.kind == "nic-down")
         for f in faults:
@@ -502,11 +559,13 @@ class Simulator:
         slow_step = any(kind == "slow_step" and arg[0] == job.index
                         for kind, arg in self.blips.get(k, []))
         period = job.t_compute * (3.0 if slow_step else 1.0) + job.lmax + job.t_net0 * job.M
+        pause = any(j == job.index and a <= t0 < b for a, b, j in self.checkpoints)
         for inc in job.incs:
             if inc.start < t1 and (inc.end is None or inc.end > t0):
-                self._progress(job, inc, t0, t1, 1.0 / period)
+                self._progress(job, inc, t0, t1, 1.0 / period, pause)
 
-    def _progress(self, job: Job, inc: Incarnation, t0: float, t1: float, rate: float) -> None:
+    def _progress(self, job: Job, inc: Incarnation, t0: float, t1: float, rate: float,
+                  pause: bool = False) -> None:
         lo = max(t0, inc.ops_start)
         hi = min(t1, inc.end) if inc.end is not None else t1
         if lo >= hi:
@@ -519,9 +578,18 @@ class Simulator:
                 inc.knots.append((lo, inc.frozen_at, rate))
                 inc.frozen_at = inc.stall_since = None
                 inc.culprits.clear()
+                inc.inside.clear()
+                inc.repeats.clear()
                 inc.stall_events.clear()
             return
-        inc.knots.append((lo, inc.S(lo), rate))
+        s_lo = inc.S(lo)
+        if pause and not (active or starting):  # a checkpoint: finish the op, then idle
+            cf = job.t_compute / (job.t_compute + job.t_net0)
+            s_end = s_lo if s_lo % 1 < cf else math.floor(s_lo) + 1.001
+            inc.knots.append((lo, s_lo, rate))
+            inc.knots.append((lo + (s_end - s_lo) / rate, s_end, 0.0))
+            return
+        inc.knots.append((lo, s_lo, rate))
         if active or starting:
             tf = max(lo, min(f.start for f in active + starting))
             self._freeze(job, inc, tf, active + starting, rate)
@@ -533,7 +601,7 @@ class Simulator:
         cf = job.t_compute / (job.t_compute + job.t_net0)
         s = inc.S(tf)
         base, frac = math.floor(s), s - math.floor(s)
-        noncomm = any(f.kind != "nic-down" for f in faults)
+        noncomm = any(f.kind not in INSIDE_KINDS for f in faults)
         if noncomm:  # the op in flight completes, then the culprit never enters the next
             stop = base + (1 if frac >= cf else 0) + cf
         else:  # everyone enters; the dead NIC's connections never complete
@@ -548,6 +616,10 @@ class Simulator:
                     inc.culprits.add(r)
             elif f.kind == "host-down":
                 inc.culprits.update(r for r in range(job.nranks) if job.host_of[r] == f.target)
+            elif f.kind in ("sigstop", "kernel-hang"):
+                fj, r = self.rank_ref(int(f.target))
+                if fj is job:
+                    inc.inside[r] = f.kind
 
     def _restart(self, job: Job, tr: float) -> None:
         inc = job.current(tr)
@@ -566,15 +638,13 @@ class Simulator:
         return host in job.hosts
 
     def _conn_fault(self, f: Fault, c: Conn) -> float:
-        x = self.cfg.slowdown
+        x = float(f.params.get("x", self.cfg.slowdown))
         if f.kind == "slow-node":
             if "/" in f.target:
                 return x if f.target in (f"{c.src_host}/{c.src_dev}", f"{c.dst_host}/{c.dst_dev}") else 1.0
             return x if f.target in (c.src_host, c.dst_host) else 1.0
         if f.kind == "slow-link":
             return x if _pair_hit(f, c) else 1.0
-        if f.kind == "lossy-link":
-            return x if f.target in c.links else 1.0
         if f.kind in ("pfc-storm", "link-flap") and self._conn_stuck(f, c):
             return 1.0 + (x - 1.0) / 2
         return 1.0
@@ -672,16 +742,21 @@ class Simulator:
     def _comms(self, job: Job, inc: Incarnation, host: str, t: float,
                traffic: dict[str, list[int]]) -> list[dict[str, Any]]:
         cfg, rng = self.cfg, self.rng
-        I = cfg.interval
-        s_now, s_prev = inc.S(t), inc.S(t - I)
+        iv = cfg.interval
+        s_now, s_prev = inc.S(t), inc.S(t - iv)
         cf = job.t_compute / (job.t_compute + job.t_net0)
         frozen = inc.frozen_at is not None and inc.stall_since is not None and inc.stall_since <= t
-        stall_w = max(0.0, t - max(inc.stall_since, t - I)) if frozen else 0.0
         lmax, M = job.lmax, job.M
         sig = cfg.noise * job.t_compute
         first = job.first_rank[host]
         out = []
         for r in range(first, first + job.G):
+            rep = inc.repeats.get(r) if frozen and inc.inside.get(r) == "sigstop" else None
+            if rep is not None:  # stopped: the agent repeats its last summary, then drops it
+                rep[1] += 1
+                if rep[1] <= AGENT_REPEATS:
+                    out.append(rep[0])
+                continue
             culprit = r in inc.culprits and frozen
             if culprit:
                 done = started = math.floor(inc.frozen_at)  # type: ignore[arg-type]
@@ -705,6 +780,8 @@ class Simulator:
                 "seq_completed": done, "pid": job.pids[r], "job": job.id, "dev": r % job.G,
                 "inflight": inflight, "colls": [], "peers": [],
             }
+            if frozen and inc.inside.get(r) == "sigstop":
+                inc.repeats[r] = [dict(s), 0]  # cumulative fields only: deltas are cleared
             if n > 0:
                 late = max(job.lateness[p] for p in job.nbrs[r]) if job.nbrs[r] else 0.0
                 own = job.lateness[r]
@@ -718,21 +795,23 @@ class Simulator:
                 s["entry_ops"] = n
             for c in job.send_of[r]:
                 b = n * job.conn_bytes
-                net = b * job.lat0 * c.mult
+                c.sent = b
+                # lost message tails wait for the ACK timeout: tail latency before slowdown
+                c.tails = _poisson(rng, b / MSG_BYTES * c.loss * 2) if c.loss else 0
+                net = b * job.lat0 * c.mult + c.tails * ACK_TIMEOUT_S
                 e = {"peer": c.dst, "channel": c.channel, "dir": "send", "bytes": b,
                      "steps": n * job.conn_steps, "net_wait_s": round(net, 6),
                      "peer_wait_s": round(max(0.0, n * job.t_net0 * M - net), 6),
                      "gpu_wait_s": round(n * 0.002, 6)}
-                if stall_w:  # stuck in SendWait on a dead NIC, else a victim waiting credit
-                    key = "net_wait_s" if c.stuck else "peer_wait_s"
-                    e[key] = round(e[key] + stall_w, 6)
+                # a stuck step accrues no time until it changes state (docs/plugin.md): a
+                # stall shows only in the plugin's stall messages
                 s["peers"].append(e)
                 traffic[c.src_dev][0] += b
             for c in job.recv_of[r]:
                 b = n * job.conn_bytes
                 e = {"peer": c.src, "channel": c.channel, "dir": "recv", "bytes": b,
                      "steps": n * job.conn_steps,
-                     "net_wait_s": round(n * job.t_net0 * M + (stall_w if not culprit else 0), 6)}
+                     "net_wait_s": round(n * job.t_net0 * M, 6)}
                 s["peers"].append(e)
                 traffic[c.dst_dev][1] += b
             out.append(s)
@@ -741,20 +820,21 @@ class Simulator:
     def _tcp_flows(self, job: Job, host: str, t: float) -> dict[str, Any]:
         """Every socket of the host's process (a refresh each interval): per direction, goodput
         falls and srtt rises with the connection's slowdown, retransmits with its loss."""
-        I, rng = self.cfg.interval, self.rng
+        iv, rng = self.cfg.interval, self.rng
         me = job.hosts.index(host)
         faults = [f for f in self.faults if f.active(t)]
         sent = {c.dst_host: c for c in job.send_of[me * job.G]}
         got = {c.src_host: c for c in job.recv_of[me * job.G]}
         flows = []
         for peer, c in sent.items():
-            acked = int(TCP_GOODPUT * I / c.mult)
+            acked = int(TCP_GOODPUT * iv / c.mult)
             loss = TCP_LOSS_PER_MB
             for f in faults:
                 if self._conn_fault(f, c) > 1.0:
                     loss *= TCP_LOSS.get(f.kind, 1.0)
+            loss += c.loss * 1e6 / 1448  # a lost segment per lost packet of MSS bytes
             retrans = _poisson(rng, loss * acked / 1e6)
-            rcvd = int(TCP_GOODPUT * I / got[peer].mult) if peer in got else 0
+            rcvd = int(TCP_GOODPUT * iv / got[peer].mult) if peer in got else 0
             st = self.sockets.setdefault((host, peer), [0, 0, 0])
             st[0] += acked
             st[1] += rcvd
@@ -769,8 +849,8 @@ class Simulator:
                 "pid": job.pids[me * job.G], "comm": "python3", "state": "ESTABLISHED",
                 "bytes_acked": st[0], "bytes_received": st[1], "retrans_segs": st[2],
                 "bytes_acked_delta": acked, "bytes_received_delta": rcvd,
-                "retrans_segs_delta": retrans, "bytes_acked_rate": acked / I,
-                "bytes_received_rate": rcvd / I,
+                "retrans_segs_delta": retrans, "bytes_acked_rate": acked / iv,
+                "bytes_received_rate": rcvd / iv,
                 "srtt_us": int(TCP_SRTT_US * c.mult * math.exp(rng.gauss(0.0, 0.05))),
                 "cwnd": 10 + int(rng.uniform(0, 200) / c.mult), "closed": False,
                 "job": job.id})
@@ -783,7 +863,7 @@ class Simulator:
 
     def _ports(self, host: str, t: float, traffic: dict[str, list[int]]) -> list[dict[str, Any]]:
         cfg, rng = self.cfg, self.rng
-        I = cfg.interval
+        iv = cfg.interval
         job = self.job_of_host.get(host)
         ports = []
         for nic in self.topo.hosts[host].nics:
@@ -791,32 +871,43 @@ class Simulator:
             d = dict.fromkeys(COUNTERS, 0)
             d["port_xmit_data"] = traffic[nic.dev][0] // 4
             d["port_rcv_data"] = traffic[nic.dev][1] // 4
-            d["np_ecn_marked_roce_packets"] = _poisson(rng, 2.0 * I)
+            d["np_ecn_marked_roce_packets"] = _poisson(rng, 2.0 * iv)
             d["np_cnp_sent"] = d["np_ecn_marked_roce_packets"]
-            d["rp_cnp_handled"] = _poisson(rng, 2.0 * I)
+            d["rp_cnp_handled"] = _poisson(rng, 2.0 * iv)
             ep = endpoint(host, nic.dev)
             down = False
             for f in self.faults:
                 if not f.active(t):
                     continue
                 if f.kind in ("nic-down", "link-flap") and f.target == ep:
-                    down = f.kind == "nic-down" or (t - f.start) % 10 < I
-                    d["link_downed"] += 1 if (t - f.start) < I or f.kind == "link-flap" and down else 0
-                if job is None or f.kind not in ("lossy-link", "slow-link"):
+                    down = f.kind == "nic-down" or (t - f.start) % 10 < iv
+                    d["link_downed"] += 1 if (t - f.start) < iv or f.kind == "link-flap" and down else 0
+                if job is None or f.kind != "slow-link":
                     continue
                 for c in job.rx_of.get(ep, []):
-                    if f.kind == "lossy-link" and f.target in c.links:
-                        d["out_of_sequence"] += _poisson(rng, 400 * I)
-                        d["packet_seq_err"] += _poisson(rng, 100 * I)
-                    elif f.kind == "slow-link" and _pair_hit(f, c):
-                        x = _poisson(rng, 3000 * I)
+                    if _pair_hit(f, c):
+                        x = _poisson(rng, 3000 * iv)
                         d["np_ecn_marked_roce_packets"] += x
                         d["np_cnp_sent"] += x
                 for c in job.tx_of.get(ep, []):
-                    if f.kind == "lossy-link" and f.target in c.links:
-                        d["local_ack_timeout_err"] += _poisson(rng, 5 * I)
-                    elif f.kind == "slow-link" and _pair_hit(f, c):
-                        d["rp_cnp_handled"] += _poisson(rng, 3000 * I)
+                    if _pair_hit(f, c):
+                        d["rp_cnp_handled"] += _poisson(rng, 3000 * iv)
+            # loss, from what the connections carried: the receiver counts the packets after
+            # each loss as out of sequence, the sender gets a NAK (packet_seq_err) per loss
+            # and waits an ACK timeout per lost tail
+            for c in job.rx_of.get(ep, []) if job else ():
+                lost = _poisson(rng, c.loss * c.sent / MTU) if c.loss else 0
+                d["out_of_sequence"] += _poisson(rng, lost * GBN_WINDOW / 2) if lost else 0
+            for c in job.tx_of.get(ep, []) if job else ():
+                if c.loss:
+                    d["packet_seq_err"] += _poisson(rng, c.loss * c.sent / MTU)
+                    d["local_ack_timeout_err"] += c.tails
+            for b0, b1, lk, direction, _ in self.bursts:  # congestion marks ECN, loses nothing
+                if b0 <= t < b1 and job and any(_crosses(c, lk, direction)
+                                                for c in job.rx_of.get(ep, [])):
+                    x = _poisson(rng, 2000 * iv)
+                    d["np_ecn_marked_roce_packets"] += x
+                    d["np_cnp_sent"] += x
             cum = self.counters[key]
             for name, v in d.items():
                 cum[name] += v
@@ -881,13 +972,21 @@ class Simulator:
             return
         first = job.first_rank[host]
         done = math.floor(inc.frozen_at or 0)
+        blockers = inc.culprits | set(inc.inside)
+        kernel = {r for r, k in inc.inside.items() if k == "kernel-hang"}
         for r in range(first, first + job.G):
-            if r in inc.culprits:
-                continue
+            if r in inc.culprits or inc.inside.get(r) == "sigstop":
+                continue  # not in the op, or its plugin is silent
+            # The proxy states of a stuck pipeline: a dead connection waits on the network;
+            # a sender whose receiver does not consume waits for credit; a rank stuck in its
+            # kernel waits on its GPU; everyone else starves, waiting for data from upstream
+            # with nothing to send.
             waiting = [{"peer": c.dst, "channel": c.channel, "dir": "send",
-                        "state": "SendWait" if c.stuck else "SendPeerWait",
+                        "state": "SendWait" if c.stuck else "SendPeerWait"
+                        if c.dst in blockers else "SendGPUWait",
                         "idle_s": self.cfg.stall_event_s} for c in job.send_of[r]]
-            waiting += [{"peer": c.src, "channel": c.channel, "dir": "recv", "state": "RecvWait",
+            waiting += [{"peer": c.src, "channel": c.channel, "dir": "recv",
+                         "state": "RecvGPUWait" if r in kernel and not c.stuck else "RecvWait",
                          "idle_s": self.cfg.stall_event_s} for c in job.recv_of[r]]
             yield te, _event("nccl_stall", "error", {
                 "comm": inc.comm, "rank": r, "nranks": job.nranks, "seq": done,
@@ -908,6 +1007,37 @@ def _event(type_: str, severity: str, attrs: dict[str, Any], msg: str,
 def xid_pci(pci: str) -> str:
     """The NVIDIA driver prints a GPU's PCI address without the function: `0000:3b:00`."""
     return pci.rsplit(".", 1)[0]
+
+
+# Loss on RoCE (go-back-N): a lost packet makes the receiver drop every later packet of the
+# window as out of sequence and NAK; the sender resends from the loss. A lost message tail has
+# no later packet to reveal it: the sender waits for its ACK timeout.
+MTU = 4096
+GBN_WINDOW = 64  # packets in flight resent per loss
+MSG_BYTES = 512 << 10  # NCCL chunk: a message whose tail can be lost
+ACK_TIMEOUT_S = 1e-3  # adaptive retransmission's first timeout
+
+
+def _loss(f: Fault, slowdown: float) -> float:
+    """A lossy link's packet loss rate: given, or the one that slows a crossing connection by
+    `slowdown` (older fault specs)."""
+    if "loss" in f.params:
+        return float(f.params["loss"])
+    return max(0.0, slowdown - 1.0) / GBN_WINDOW
+
+
+def _loss_slowdown(p: float) -> float:
+    """Network time per byte at loss rate p, relative to none (resent windows)."""
+    return 1.0 + min(p, 0.5) * GBN_WINDOW
+
+
+def _crosses(c: Conn, link: str, direction: str | None) -> bool:
+    """Whether connection c crosses a leaf-spine fabric link in that direction (up: leaf to
+    spine, the first fabric hop of its path; down: spine to leaf, the second)."""
+    if link not in c.links:
+        return False
+    i = c.links.index(link)
+    return direction in (None, "both") or (direction == "up") == (i == 1)
 
 
 def _pair_hit(f: Fault, c: Conn) -> bool:

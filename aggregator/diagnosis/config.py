@@ -32,6 +32,9 @@ class DiagnosisConfig:
         3, "slow reports, among a connection's last `slow_window`, that make it persistently "
         "slow (a one-interval blip never does)")
     slow_window: int = field(4, "reports a connection's slowness is judged over")
+    slow_hold_s: float = field(
+        8.0, "... and for at least this long (seconds) without a break: another tenant's "
+        "congestion burst (seconds) is not a broken link")
     min_cell_bytes: int = field(
         1 << 20, "a connection's report counts only if it moved at least this many bytes")
     min_cells: int = field(
@@ -79,7 +82,8 @@ class DiagnosisConfig:
         p = f"{where}." if where else ""
         positive = ("hang_floor_s", "hang_op_factor", "stale_intervals", "comm_expire_intervals",
                     "slow_ratio", "slow_z", "straggler_min_wait_s", "straggler_ratio",
-                    "counter_ratio", "resolve_hold_s", "event_hold_s", "tcp_retrans_per_mb")
+                    "counter_ratio", "resolve_hold_s", "event_hold_s", "tcp_retrans_per_mb",
+                    "slow_hold_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{p}{name}: must be > 0, got {getattr(self, name)}")

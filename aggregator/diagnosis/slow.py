@@ -59,7 +59,9 @@ class SlowDetector:
             comm.baseline = None
             return []
         comm.baseline = lower_baseline([math.log(c.value) for c in fresh])
-        bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist}
+        hold = now - self.cfg.slow_hold_s
+        bad = {(c.src, c.dst) for c in fresh
+               if c.streak >= self.cfg.slow_persist and c.since <= hold}
         if not bad:
             return []
         # Cells slow now but not persistently, or elevated below the threshold, are neither

@@ -173,7 +173,9 @@ class TcpDetector:
             return []
         tj.baseline = {m: lower_baseline([_log(m, c.values[m]) for c in fresh])
                        for m in METRICS}
-        bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist}
+        hold = now - self.cfg.slow_hold_s
+        bad = {(c.src, c.dst) for c in fresh
+               if c.streak >= self.cfg.slow_persist and c.since <= hold}
         if not bad:
             return []
         # as in slow.py: cells slow now but not persistently, or elevated below the

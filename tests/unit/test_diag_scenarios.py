@@ -43,7 +43,9 @@ def fault_specs(size: int) -> list[str]:
             f"lossy-link:{busiest_fabric_link(size, **SIZES[size])}@15", f"hang:{h * g + 1}@15",
             f"nic-down:{host}/mlx5_2@15", f"straggler:{h * g + 2}@15", f"xid:{h * g + 3}@15",
             f"link-flap:{host}/mlx5_0@15", f"pfc-storm:{host}/mlx5_3@15",
-            f"aer:{host}/mlx5_1@15", f"host-down:{host}@15"]
+            f"aer:{host}/mlx5_1@15", f"host-down:{host}@15",
+            # inside a collective: stopped (plugin silent), stuck in a kernel (plugin reports)
+            f"sigstop:{h * g + 2}@15", f"kernel-hang:{h * g + 3}@15"]
 
 
 CASES = [(size, spec) for size in SIZES for spec in fault_specs(size)]
@@ -54,7 +56,8 @@ def test_each_fault_is_named(tmp_path, size, spec):
     res, sc = run(tmp_path, [spec], duration=35, seed=size, **SIZES[size])
     assert sc.named == 1, sc.misses
     assert sc.false_incidents == 0, sc.wrong
-    hang_like = spec.split(":")[0] in ("hang", "xid", "nic-down", "host-down")
+    hang_like = spec.split(":")[0] in ("hang", "xid", "nic-down", "host-down", "sigstop",
+                                       "kernel-hang")
     assert sc.localise_s[0] <= (10.0 if hang_like else 30.0)
     inc = res.incidents[0]
     assert inc["evidence"] and inc["summary"]
@@ -122,3 +125,17 @@ def test_a_healed_nic_resolves_after_it_comes_back(tmp_path):
     assert sc.named == 1
     assert [i["state"] for i in res.incidents] == ["resolved"]
     assert res.jobs[0]["comms"][0]["state"] == "running"
+
+
+def test_other_tenants_congestion_and_checkpoints_raise_nothing(tmp_path):
+    """A 5 s burst at 3.5x on the job's busiest fabric link (one direction) and a 30 s
+    checkpoint where every rank pauses between collectives: noise, not faults."""
+    cfg = SimConfig(duration=90, seed=16, realism=False, **SIZES[16])
+    sim = Simulator(cfg)
+    link = busiest_fabric_link(16, **SIZES[16])
+    sim.bursts = [(30.0, 35.0, link, "up", 3.5), (50.0, 55.0, link, "down", 3.5)]
+    sim.checkpoints = [(60.0, 90.0, 0)]
+    out = tmp_path / "run.c4rec"
+    sim.run(out)
+    res = replay(out)
+    assert res.incidents == [], [i["summary"] for i in res.incidents]
