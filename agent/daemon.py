@@ -18,12 +18,12 @@ from typing import Any, Callable
 
 from c4 import __version__
 from c4.core.sdnotify import Notifier
-from c4.core.wire import Frame
 
 from . import collectors as registry
 from .collectors import Collector, CollectorUnavailable, Context, OptionError
 from . import bpf_stats
 from .config import AgentConfig
+from .planning import Planning
 from .exporter import AgentMetrics, Exporter, Snapshot
 from .sender import Sender
 
@@ -52,7 +52,9 @@ class Agent:
                              resend_after=cfg.resend_after, max_frame=cfg.max_frame,
                              record_path=record_path, validate_every=cfg.validate_every,
                              clock=clock, log=log)
-        self.sender.handlers["plan"] = self._on_plan
+        self.c4p = Planning(cfg.run_dir)  # C4P: probes and plans (agent/planning.py)
+        self.sender.handlers["plan"] = self.c4p.on_plan
+        self.sender.handlers["probe"] = self.c4p.on_probe
         self.snapshot = Snapshot()  # replaced whole each interval; the exporter reads it
         self.metrics = AgentMetrics(lambda: self.snapshot, self._delivery_counters,
                                     infiniband=cfg.metrics_infiniband, bpf=cfg.bpf_stats)
@@ -140,6 +142,7 @@ class Agent:
 
     def run(self) -> int:
         self.start_collectors()
+        self.c4p.start()
         self.snapshot = Snapshot(health=dict(self.health))
         self.start_exporter()
         self.sender.send("hello", self.hello_body())
@@ -153,7 +156,10 @@ class Agent:
         while not self.stop_event.is_set():
             # Come round at least every ping period: a loop stuck anywhere stops the pings.
             self.notify.watchdog()
-            self.sender.poll(max(0.0, min(next_at - self.clock(), self.notify.ping_every())))
+            self.sender.poll(max(0.0, min(next_at - self.clock(), self.notify.ping_every(),
+                                          self.c4p.poll_interval() or float("inf"))))
+            for kind, body in self.c4p.ready():
+                self.sender.send(kind, body)
             if self.stop_event.is_set():
                 break
             now = self.clock()
@@ -188,21 +194,12 @@ class Agent:
                 c.close()
             except Exception:
                 log.exception("collector %s failed to close", c.name)
+        self.c4p.close()
         log.info("agent stopped: %d frames sent, %d unacked", self.sender.last_seq,
                  self.sender.unacked)
         self.sender.close()
         if self.metrics.bpf_stats_fd is not None:
             os.close(self.metrics.bpf_stats_fd)
-
-    # -- aggregator -> agent ---------------------------------------------------------------
-    def _on_plan(self, frame: Frame) -> None:
-        # Path control (applying source ports through the plugin shim) is not wired yet:
-        # answer honestly so the planner never believes a plan took effect.
-        reason = "path control is not available on this agent yet (no plugin shim connected)"
-        self.sender.send("plan_result", {
-            "plan_id": frame.body["plan_id"], "applied": [],
-            "failed": [{"id": a["id"], "reason": reason} for a in frame.body["assignments"]],
-        })
 
 
 def run(cfg: AgentConfig, record_path: str | None = None) -> int:
