@@ -45,9 +45,11 @@ def require(*targets: str) -> None:
 class Driver:
     """A running qp_driver; `send` writes one command and returns its reply line."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([str(DRIVER)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        """`args`: e.g. ("--dlopen", LIB) to resolve the verbs as NCCL does; `env`: the
+        driver's whole environment (default: ours)."""
+        self.proc = subprocess.Popen([str(DRIVER), *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
         self.pid = self.proc.pid
 
     def send(self, line: str) -> str:

@@ -1,7 +1,11 @@
 /* qp_driver: a verbs application driven line by line from stdin, linked against
  * libibverbs-c4test.so. It calls the QP verbs the way NCCL's IB transport does (RESET -> INIT
  * with a port, INIT -> RTR with dest_qp_num and a global AV, RTR -> RTS) so the uprobe
- * collector can be checked against known QP numbers. Commands (numbers in C syntax):
+ * collector can be checked against known QP numbers.
+ * `qp_driver --dlopen LIB` resolves every verb as NCCL does before 2.30 and with
+ * NCCL_IBVERBS_LIB: dlopen(LIB, RTLD_NOW) and dlvsym(handle, name, "IBVERBS_1.1").
+ * Commands (numbers in C syntax):
+ *   open <index>                            -> "ok <device name>"; later QPs are on its PD
  *   create <qpn> <RC|UC|UD>                 -> "ok <qpn>"
  *   modify <qpn> INIT                       -> "ok" | "err <errno>"
  *   modify <qpn> RTR <rqpn> <flow_label> <dgid IPv4>
@@ -9,7 +13,9 @@
  *   loop <qpn> <n>   (n RTS -> RTS modifies) -> "ok <ns per call>"
  *   destroy <qpn>                           -> "ok" | "err <errno>"
  * End of input exits without destroying what is left (a process that dies with QPs). */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
@@ -23,6 +29,44 @@
 void c4test_set_next_qpn(uint32_t qpn);
 
 static struct ibv_qp *qps[MAX_QPS];
+static struct ibv_pd *pds[16]; /* every PD made, released at exit */
+static int npds;
+
+/* The verbs, bound at link time or resolved like NCCL (--dlopen). */
+static struct {
+	struct ibv_device **(*get_device_list)(int *);
+	struct ibv_context *(*open_device)(struct ibv_device *);
+	struct ibv_pd *(*alloc_pd)(struct ibv_context *);
+	struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
+	int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
+	int (*destroy_qp)(struct ibv_qp *);
+} V = {
+	(ibv_get_device_list), ibv_open_device, ibv_alloc_pd, ibv_create_qp, ibv_modify_qp,
+	ibv_destroy_qp,
+};
+
+static int load(const char *lib)
+{
+	void *h = dlopen(lib, RTLD_NOW);
+
+	if (!h) {
+		fprintf(stderr, "dlopen %s: %s\n", lib, dlerror());
+		return -1;
+	}
+#define SYM(field, name)                                                                    \
+	if (!(*(void **)&V.field = dlvsym(h, name, "IBVERBS_1.1"))) {                       \
+		fprintf(stderr, "dlvsym %s@IBVERBS_1.1: %s\n", name, dlerror());            \
+		return -1;                                                                  \
+	}
+	SYM(get_device_list, "ibv_get_device_list")
+	SYM(open_device, "ibv_open_device")
+	SYM(alloc_pd, "ibv_alloc_pd")
+	SYM(create_qp, "ibv_create_qp")
+	SYM(modify_qp, "ibv_modify_qp")
+	SYM(destroy_qp, "ibv_destroy_qp")
+#undef SYM
+	return 0;
+}
 
 static struct ibv_qp *find(uint32_t qpn)
 {
@@ -105,7 +149,7 @@ static int modify(struct ibv_qp *qp, enum ibv_qp_state to, uint32_t rqpn, uint32
 		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 			IBV_QP_MAX_QP_RD_ATOMIC;
 	}
-	return ibv_modify_qp(qp, &attr, mask);
+	return V.modify_qp(qp, &attr, mask);
 }
 
 static double now_ns(void)
@@ -116,11 +160,14 @@ static double now_ns(void)
 	return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-	struct ibv_pd *pd = ibv_alloc_pd(NULL);
+	struct ibv_pd *pd;
 	char line[256];
 
+	if (argc == 3 && !strcmp(argv[1], "--dlopen") && load(argv[2]))
+		return 1;
+	pd = pds[npds++] = V.alloc_pd(NULL);
 	if (!pd) {
 		perror("ibv_alloc_pd");
 		return 1;
@@ -138,7 +185,19 @@ int main(void)
 			continue;
 		}
 		qp = find((uint32_t)a1);
-		if (!strcmp(cmd, "create")) {
+		if (!strcmp(cmd, "open")) {
+			int n = 0;
+			struct ibv_device **devs = V.get_device_list(&n);
+			struct ibv_context *ctx = devs && (int)a1 < n ? V.open_device(devs[a1]) : NULL;
+			struct ibv_pd *dpd = ctx && npds < 16 ? V.alloc_pd(ctx) : NULL;
+
+			if (!dpd) {
+				printf("err %d\n", ENODEV);
+				continue;
+			}
+			pd = pds[npds++] = dpd;
+			printf("ok %s\n", ctx->device->name);
+		} else if (!strcmp(cmd, "create")) {
 			int slot = slot_of(NULL);
 			struct ibv_qp_init_attr init;
 
@@ -147,7 +206,7 @@ int main(void)
 			init.cap.max_send_wr = init.cap.max_recv_wr = 64;
 			init.cap.max_send_sge = init.cap.max_recv_sge = 1;
 			c4test_set_next_qpn((uint32_t)a1);
-			qp = slot < 0 ? NULL : ibv_create_qp(pd, &init);
+			qp = slot < 0 ? NULL : V.create_qp(pd, &init);
 			if (!qp) {
 				printf("err %d\n", slot < 0 ? ENOSPC : errno);
 				continue;
@@ -175,7 +234,7 @@ int main(void)
 				printf("ok %.1f\n", (now_ns() - t0) / count);
 		} else if (!strcmp(cmd, "destroy")) {
 			int slot = slot_of(qp);
-			int rc = ibv_destroy_qp(qp);
+			int rc = V.destroy_qp(qp);
 
 			if (!rc)
 				qps[slot] = NULL;
@@ -184,5 +243,7 @@ int main(void)
 			printf("err %d\n", EINVAL);
 		}
 	}
+	while (npds)
+		ibv_dealloc_pd(pds[--npds]);
 	return 0;
 }
