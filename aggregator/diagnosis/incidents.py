@@ -158,6 +158,11 @@ class Incidents:
             inc = self._open_for([s.key])
             if inc is not None and CLASS_RANK[inc.cls] < CLASS_RANK[f.cls]:
                 return inc
+        if top is None and f.job:  # a symptom naming nothing (a hang before the stall
+            # messages): the job's open hardware fault explains it (one incident per fault)
+            for inc in self.open():
+                if inc.job == f.job and CLASS_RANK[inc.cls] < CLASS_RANK["comm_hang"]:
+                    return inc
         return None
 
     def _confident(self, inc: Incident) -> bool:

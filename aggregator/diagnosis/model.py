@@ -56,7 +56,7 @@ class Cell:
     """One rank -> peer send connection of a communicator (all channels together)."""
 
     __slots__ = ("src", "dst", "value", "slow_value", "seen", "hist", "streak", "since",
-                 "path", "comps", "tag")
+                 "last_slow", "path", "comps", "tag")
 
     def __init__(self, src: int, dst: int) -> None:
         self.src = src
@@ -67,6 +67,7 @@ class Cell:
         self.hist = 0  # bit i: the report i reports ago was slow
         self.streak = 0  # slow reports in the window
         self.since = 0.0  # arrival of the first slow report of the current run
+        self.last_slow = 0.0  # ... and of its latest slow report
         self.path: list[str] | None = None
         self.comps: list[Component] = []
         self.tag: tuple | None = None  # the endpoints `comps` was computed for

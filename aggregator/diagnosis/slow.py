@@ -49,6 +49,7 @@ class SlowDetector:
                 cell.slow_value = cell.value
                 if not cell.hist:
                     cell.since = now
+                cell.last_slow = now
             cell.hist = ((cell.hist << 1) | slow) & self.mask
             cell.streak = bin(cell.hist).count("1")  # slow reports among the last window
 
@@ -59,9 +60,9 @@ class SlowDetector:
             comm.baseline = None
             return []
         comm.baseline = lower_baseline([math.log(c.value) for c in fresh])
-        hold = now - self.cfg.slow_hold_s
-        bad = {(c.src, c.dst) for c in fresh
-               if c.streak >= self.cfg.slow_persist and c.since <= hold}
+        # slow in most recent reports, and over a span of slow_hold_s (a burst is shorter)
+        bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist
+               and c.last_slow - c.since >= self.cfg.slow_hold_s}
         if not bad:
             return []
         # Cells slow now but not persistently, or elevated below the threshold, are neither

@@ -58,6 +58,7 @@ class TcpCell:
     hist: int = 0  # bit i: the sample i samples ago was slow
     streak: int = 0
     since: float = 0.0
+    last_slow: float = 0.0
     nics: tuple[str | None, str | None] = (None, None)
     path: list[str] | None = None
     comps: list[localise.Component] = field(default_factory=list)
@@ -140,6 +141,7 @@ class TcpDetector:
             cell.slow_values, cell.bad = dict(cell.values), bad
             if not cell.hist:
                 cell.since = now
+            cell.last_slow = now
         cell.hist = ((cell.hist << 1) | bool(bad)) & self.mask
         cell.streak = bin(cell.hist).count("1")
 
@@ -173,9 +175,8 @@ class TcpDetector:
             return []
         tj.baseline = {m: lower_baseline([_log(m, c.values[m]) for c in fresh])
                        for m in METRICS}
-        hold = now - self.cfg.slow_hold_s
-        bad = {(c.src, c.dst) for c in fresh
-               if c.streak >= self.cfg.slow_persist and c.since <= hold}
+        bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist
+               and c.last_slow - c.since >= self.cfg.slow_hold_s}
         if not bad:
             return []
         # as in slow.py: cells slow now but not persistently, or elevated below the

@@ -97,7 +97,7 @@ class PluginRing:
                 out[CULPRIT] = self.frozen.setdefault(CULPRIT, out[CULPRIT]) \
                     if culprit == "frozen" else None
             self.report(out)
-            if age == 5:  # the plugins' C4_STALL_MS: one stall message per rank
+            if age == 5 and culprit != "none":  # the plugins' C4_STALL_MS: one per rank
                 for r in range(N):
                     if out[r] is None or (culprit in ("idle", "frozen") and r == CULPRIT):
                         continue
@@ -166,3 +166,16 @@ def test_ordinal_helpers():
     assert not ordinals.behind(6, {"seq": 5, "func": "AllReduce"}, 5)
     assert ordinals.behind(5, {"seq": 5, "func": "Send"}, 5)  # a p2p op is not the collective
     assert not ordinals.behind(7, None, 5)
+
+
+def test_a_hang_behind_a_dead_nic_joins_its_incident():
+    """Before any stall message names a connection, the hang names nothing: the job's open
+    NIC-down incident explains it (one incident per fault, not two)."""
+    ring = PluginRing(completed=0)
+    ring.healthy(10)
+    ring._send("h2", "event", {"type": "nic_link", "severity": "error",
+                               "attrs": {"pci": "0000:5e:00.0", "netdev": "eth0",
+                                         "state": "down"}})
+    ring.hang(8, "none")
+    (inc,) = ring.diag.incidents()
+    assert inc["class"] == "hw_nic_down" and "comm_hang" in inc["evidence"]["symptoms"]
