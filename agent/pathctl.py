@@ -211,11 +211,11 @@ class PathControl:
             if stale:
                 w.failed = f"stale plan: epoch {epoch} is older than epoch {self.epoch} applied"
             elif a["proto"] == "tcp":
-                if not a.get("dst") or a.get("dport") is None:
-                    w.failed = "a tcp assignment needs dst and dport"
-                else:
+                try:
                     w.tcp = (norm_addr(a["dst"]), a["dport"])
                     tcp_rules[a["id"]] = (a["dst"], a["dport"], a["sport"])
+                except (KeyError, ValueError):
+                    w.failed = "a tcp assignment needs dst (an IP address) and dport"
             elif a.get("lqpn") is None:
                 w.failed = "a roce assignment needs lqpn"
             else:
