@@ -188,8 +188,10 @@ PROBE_RESULT = Record(
             doc={"id": "the probe's id", "sport": "the traced source port",
                  "hops": "address that answered TTL 1, 2, ... (the router's ICMP time-exceeded "
                          "source); nil where no answer came; routers only, not the destination",
-                 "reached": "the probe with TTL len(hops)+1 reached the destination (port "
-                            "unreachable, SYN-ACK or RST from it)",
+                 "reached": "the destination is the hop after `hops`: it answered TTL "
+                            "len(hops)+1 (UDP port unreachable), or every router up to its "
+                            "measured distance answered (`tcp`, and RoCE NICs that answer "
+                            "nothing)",
                  "error": "why this port could not be traced (e.g. `EADDRINUSE`); hops then "
                           "hold what was learned before"}), PROBE_SPORTS_MAX),
     },
