@@ -135,9 +135,22 @@ def incident_view(inc: dict[str, Any], now: float) -> Group:
             _row(t, k, fmt_value(v))
         parts.append(t)
     parts.append(_actions_table(inc.get("actions") or []))
+    if inc.get("alerts"):
+        parts.append(_alerts_table(inc["alerts"]))
     if inc.get("matrix"):
         parts.append(heatmap(inc["matrix"]))
     return Group(*parts)
+
+
+def _alerts_table(alerts: dict[str, dict[str, Any]]) -> Table:
+    """Notifications per alert receiver (aggregator/alerts.py): failures are retried."""
+    t = Table(title="alert notifications", title_justify="left")
+    for col in ("receiver", "sent", "failed", "last", "pending", "last error"):
+        t.add_column(col, overflow="fold")
+    for name, a in sorted(alerts.items()):
+        _row(t, name, str(a.get("sent", 0)), str(a.get("failed", 0)), a.get("last") or "-",
+             a.get("pending") or "-", a.get("last_error") or "")
+    return t
 
 
 def _times_table(inc: dict[str, Any], now: float) -> Table:
