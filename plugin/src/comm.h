@@ -1,10 +1,15 @@
 /* Per-communicator state: preallocated event objects and cumulative counters.
  *
- * Threads: NCCL's application thread starts/stops Coll, P2p (and, in some releases, KernelCh)
- * events; its proxy progress thread handles ProxyOp/ProxyStep. Neither ever waits for the
- * other or for the background thread (emit.c): objects come from lock-free pools, counters
- * are relaxed atomics, and the background thread only reads them and diffs against its own
- * snapshot (`*_prev`, touched by it alone). */
+ * Threads: NCCL starts/stops Coll and P2p events on the thread that runs the plan's host task
+ * (the application thread or CUDA's host-callback thread), copy-engine collectives (v6) on the
+ * application thread, and ProxyOp, ProxyStep and KernelCh on its proxy progress thread. None
+ * of them ever waits for another or for the background thread (emit.c): objects come from
+ * lock-free pools, counters are relaxed atomics, and the background thread only reads them and
+ * diffs against its own snapshot (`*_prev`, touched by it alone).
+ *
+ * Lifetime: finalize only marks a communicator (`finalizing`); events that still arrive for it
+ * are ignored, and its memory is freed later by the background thread (emit.c), so a late
+ * event never touches freed memory. */
 #ifndef C4_PLUGIN_COMM_H
 #define C4_PLUGIN_COMM_H
 
@@ -40,6 +45,7 @@ struct c4_op {
   struct c4_comm *comm;
   _Atomic uint32_t state; /* c4_op_state */
   _Atomic uint32_t is_coll;
+  _Atomic uint32_t is_ce;  /* copy-engine collective (v6): complete at stop, not progress */
   _Atomic int32_t kind;   /* index in comm->kinds, -1 if the table is full */
   _Atomic uint64_t seq;   /* collective ordinal on this communicator */
   _Atomic uint64_t opn;   /* ordinal among all ops (Coll and P2p) */
@@ -72,6 +78,7 @@ struct c4_proxy_op {
   _Atomic(struct c4_conn *) conn; /* NULL when the peer is invalid or the table is full */
   _Atomic uint64_t last_ns;   /* last step activity */
   uint64_t first_move_ns;     /* proxy thread only */
+  uint64_t op_bytes;          /* v3: the op's cumulative transSize from its ProxyOp states */
 };
 
 struct c4_step {
@@ -103,10 +110,18 @@ struct c4_kind_prev {
   uint64_t count, bytes, time_ns;
 };
 
+enum c4_comm_state { C4_COMM_LIVE = 0, C4_COMM_FINALIZING, C4_COMM_CLOSED };
+
 struct c4_comm {
-  uint64_t hash;
-  int rank, nranks, nnodes;
+  /* Identity. v3 (NCCL 2.26) does not pass it to init: it is learned from the first Coll/P2p
+   * (hash, rank) and grows with the peers seen (nranks), and reported only once `known`. */
+  _Atomic uint64_t hash;
+  _Atomic int32_t rank, nranks;
+  int nnodes, version;
+  _Atomic uint32_t known;
   c4_nccl_logger_t log;
+  _Atomic uint32_t finalizing; /* set by finalize: events are ignored from then on */
+  _Atomic uint32_t muted;      /* another live communicator has the same (hash, rank) */
 
   struct c4_op *ops;
   _Atomic uint64_t op_next;
@@ -119,33 +134,53 @@ struct c4_comm {
   _Atomic uint64_t entry_wait_ns, entry_ops;
   _Atomic uint64_t dropped_events;
   _Atomic uint64_t last_progress_ns;
+  _Atomic uint64_t max_child_opn; /* 1 + the highest op ordinal a child attached to */
   _Atomic uint32_t ops_live, awaiting, expect_children;
 
-  /* Background thread only (emit.c), under the registry lock. */
+  /* Registry (emit.c): `state` and `next` under its lock; the rest is the background
+   * thread's alone. */
+  _Atomic int state; /* enum c4_comm_state */
+  uint64_t closed_ns;
   struct c4_conn_prev *conns_prev;
   struct c4_kind_prev kinds_prev[C4_MAX_KINDS];
   uint64_t entry_wait_prev, entry_ops_prev;
   uint64_t msg_seq, last_emit_ns, stall_mark;
+  int checked; /* for another live communicator with the same (hash, rank) */
   struct c4_comm *next;
 };
 
 uint64_t c4_now_ns(void);
-size_t c4_dtype_size(const char *name);
+/* Bytes per element of NCCL's datatype name, as profiler version `version` passes it. */
+size_t c4_dtype_size(const char *name, int version);
 
-struct c4_comm *c4_comm_new(uint64_t hash, int nnodes, int nranks, int rank,
+struct c4_comm *c4_comm_new(uint64_t hash, int nnodes, int nranks, int rank, int version,
                             c4_nccl_logger_t log);
 void c4_comm_free(struct c4_comm *c);
+/* v3: learns the communicator from a Coll/P2p descriptor, and its size from the ranks seen. */
+void c4_comm_learn(struct c4_comm *c, uint64_t hash, int rank);
+static inline void c4_comm_saw_rank(struct c4_comm *c, int r) {
+  int32_t n = atomic_load_explicit(&c->nranks, memory_order_relaxed);
+  while (r >= n && r < (1 << 24) &&
+         !atomic_compare_exchange_weak_explicit(&c->nranks, &n, r + 1, memory_order_relaxed,
+                                                memory_order_relaxed)) {
+  }
+}
 
 /* Event path (events.c). Start functions return the handle, NULL if untracked. */
-void *c4_op_start(struct c4_comm *c, int is_coll, const char *func, const char *algo,
+enum { C4_OP_P2P = 0, C4_OP_COLL = 1, C4_OP_CE = 2 };
+void *c4_op_start(struct c4_comm *c, int kind, const char *func, const char *algo,
                   const char *proto, const char *dtype, size_t count);
+/* Only for proxy ops of this process: PXN ops of another one are filtered out before. */
 void *c4_proxy_op_start(struct c4_comm *c, void *parent, int peer, int channel, int is_send);
-void *c4_step_start(struct c4_comm *c, void *parent, int step);
+/* The comm is the proxy op's, never the context NCCL passes with the step. */
+void *c4_step_start(void *parent, int step);
 void *c4_kch_start(struct c4_comm *c, void *parent);
 void c4_event_stop(void *handle);
-void c4_event_state(void *handle, int state, const c4_nccl_state_args_t *args);
-/* Completes ops left waiting for children once a later op completed (in-order streams). */
-void c4_sweep_awaiting(struct c4_comm *c);
+/* trans: the transfer size the state arguments carry (0 if none). */
+void c4_event_state(void *handle, int state, size_t trans);
+/* Completes ops left waiting for children once a later op completed or got children
+ * (in-order streams), or once nothing of the communicator has run for await_ns. */
+void c4_sweep_awaiting(struct c4_comm *c, uint64_t await_ns);
 
 static inline uint64_t c4_conn_key(int peer, int channel, int is_send) {
   return 1 + ((uint64_t)(uint32_t)peer << 12 | (uint64_t)(channel & 0x7ff) << 1 | !is_send);

@@ -2,9 +2,19 @@
  * write), sends one summary per communicator every interval and a `stalled` message as soon
  * as a communicator with an operation in flight has made no progress for the stall threshold.
  * Sends never block: with the agent absent, datagrams are dropped and counted; with its queue
- * full, this thread (not NCCL's) waits for room at most SEND_WAIT_NS per tick, then drops. */
+ * full, this thread (not NCCL's) waits for room at most SEND_WAIT_NS per tick, then drops.
+ *
+ * NCCL's threads never wait for this thread or the agent: init and finalize only touch the
+ * registry under a lock this thread holds for list operations, never across a send. Finalize
+ * marks the communicator; this thread sends its final summary and frees it FREE_GRACE_NS
+ * later (an event NCCL still delivers meanwhile finds valid memory and is ignored). NCCL
+ * dlcloses the plugin after the last finalize: the library pins itself (RTLD_NODELETE) when it
+ * starts the thread, so the thread and the memory it frees later outlive that, and nothing
+ * has to be joined on NCCL's thread. With no communicator left the thread sleeps. */
 #include <errno.h>
 #include <poll.h>
+#include <dlfcn.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,15 +30,19 @@
 /* The kernel queues few datagrams per Unix socket (net.unix.max_dgram_qlen, default 10):
  * when the agent's queue is full, wait for it to drain, at most this long per tick. */
 #define SEND_WAIT_NS 20000000ull
+#define FREE_GRACE_NS 30000000000ull /* a finalized communicator's memory outlives it this long */
 
 static struct {
-  pthread_mutex_t life; /* serialises add/remove, including the thread's start and join */
-  pthread_mutex_t mu;   /* the registry and everything below; never taken by NCCL events */
+  pthread_mutex_t life; /* serialises the thread's start (init only) */
+  pthread_mutex_t reg;  /* the registry: comms; never held across a send */
   pthread_cond_t cv;
   pthread_once_t cv_once;
-  struct c4_comm *comms;
-  int ncomms, running, stop;
+  struct c4_comm *comms; /* live, finalizing and closed (freed later) communicators */
+  int running;
   pthread_t thread;
+  /* The thread's own. */
+  struct c4_comm **snap;
+  size_t snap_cap;
   int fd, connected;
   uint64_t wait_left_ns; /* of SEND_WAIT_NS, this tick */
   struct sockaddr_un addr;
@@ -42,7 +56,7 @@ static struct {
   struct c4w_waiting waiting[C4_MAX_PROXY_OPS];
   int32_t conn_slot[C4_MAX_CONNS];    /* conn index -> waiting index + 1 */
   int32_t oldest_step[C4_MAX_PROXY_OPS]; /* proxy op index -> step slot + 1 */
-} G = {.life = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
+} G = {.life = PTHREAD_MUTEX_INITIALIZER, .reg = PTHREAD_MUTEX_INITIALIZER,
        .cv_once = PTHREAD_ONCE_INIT, .fd = -1};
 
 static void init_cv(void) {
@@ -65,9 +79,9 @@ static void header(struct c4w_header *h, const struct c4_comm *c, uint8_t type, 
   h->type = type;
   h->flags = flags;
   h->pid = (uint32_t)getpid();
-  h->rank = (uint32_t)c->rank;
-  h->nranks = (uint32_t)c->nranks;
-  h->comm = c->hash;
+  h->rank = (uint32_t)LD(c->rank);
+  h->nranks = (uint32_t)LD(c->nranks);
+  h->comm = LD(c->hash);
   h->msg_seq = msg_seq;
   h->wall_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
   h->interval_ms = G.interval_ms;
@@ -331,30 +345,100 @@ static void check_stall(struct c4_comm *c, uint64_t now) {
   }
 }
 
+/* A communicator's first report: v3 learns (hash, rank) from events; a second live one with
+ * the same (hash, rank) would interleave its msg_seq with the first's, so it stays silent. */
+static int reportable(struct c4_comm *c) {
+  if (atomic_load_explicit(&c->known, memory_order_acquire) != 1) return 0;
+  if (!c->checked) {
+    pthread_mutex_lock(&G.reg);
+    for (struct c4_comm *o = G.comms; o != NULL; o = o->next)
+      if (o != c && o->checked && LD(o->state) == C4_COMM_LIVE && LD(o->hash) == LD(c->hash) &&
+          LD(o->rank) == LD(c->rank))
+        ST(c->muted, 1);
+    c->checked = 1;
+    pthread_mutex_unlock(&G.reg);
+  }
+  return !LD(c->muted);
+}
+
+static void unlink_comm(struct c4_comm *c) {
+  for (struct c4_comm **p = &G.comms; *p != NULL; p = &(*p)->next)
+    if (*p == c) {
+      *p = c->next;
+      break;
+    }
+}
+
 static void *run(void *arg) {
   (void)arg;
-  pthread_mutex_lock(&G.mu);
   uint64_t next_emit = c4_now_ns() + G.interval_ns;
-  while (!G.stop) {
-    uint64_t wake = c4_now_ns() + G.tick_ns;
-    if (wake > next_emit) wake = next_emit;
-    struct timespec ts = {(time_t)(wake / 1000000000u), (long)(wake % 1000000000u)};
-    pthread_cond_timedwait(&G.cv, &G.mu, &ts);
-    if (G.stop) break;
-    uint64_t now = c4_now_ns();
-    G.wait_left_ns = SEND_WAIT_NS;
-    for (struct c4_comm *c = G.comms; c != NULL; c = c->next) {
-      c4_sweep_awaiting(c);
-      check_stall(c, now);
+  for (;;) {
+    pthread_mutex_lock(&G.reg);
+    if (G.comms == NULL) { /* nothing to do until the next init */
+      pthread_cond_wait(&G.cv, &G.reg);
+      next_emit = c4_now_ns() + G.interval_ns;
+    } else {
+      uint64_t wake = c4_now_ns() + G.tick_ns;
+      if (wake > next_emit) wake = next_emit;
+      struct timespec ts = {(time_t)(wake / 1000000000u), (long)(wake % 1000000000u)};
+      pthread_cond_timedwait(&G.cv, &G.reg, &ts);
     }
-    if (now >= next_emit) {
-      for (struct c4_comm *c = G.comms; c != NULL; c = c->next) emit_summary(c, now, 0);
+    size_t n = 0;
+    for (struct c4_comm *c = G.comms; c != NULL; c = c->next) {
+      if (n == G.snap_cap) {
+        size_t cap = G.snap_cap ? 2 * G.snap_cap : 64;
+        struct c4_comm **v = realloc(G.snap, cap * sizeof *v);
+        if (v == NULL) break; /* the rest waits for the next tick */
+        G.snap = v;
+        G.snap_cap = cap;
+      }
+      G.snap[n++] = c;
+    }
+    pthread_mutex_unlock(&G.reg);
+    uint64_t now = c4_now_ns();
+    int emit_now = now >= next_emit;
+    G.wait_left_ns = SEND_WAIT_NS;
+    for (size_t i = 0; i < n; i++) {
+      struct c4_comm *c = G.snap[i];
+      switch (LD(c->state)) {
+        case C4_COMM_LIVE:
+          c4_sweep_awaiting(c, G.stall_ns);
+          if (!reportable(c)) break;
+          check_stall(c, now);
+          if (emit_now) emit_summary(c, now, 0);
+          break;
+        case C4_COMM_FINALIZING: /* NCCL has synchronised: what waits for children is done */
+          c4_sweep_awaiting(c, 0);
+          if (reportable(c)) emit_summary(c, now, C4W_FLAG_FINAL);
+          c->closed_ns = now;
+          ST(c->state, C4_COMM_CLOSED);
+          break;
+        default:
+          if (now - c->closed_ns < FREE_GRACE_NS) break;
+          pthread_mutex_lock(&G.reg);
+          unlink_comm(c);
+          pthread_mutex_unlock(&G.reg);
+          c4_comm_free(c);
+          break;
+      }
+    }
+    if (emit_now) {
       next_emit += G.interval_ns;
       if (next_emit <= now) next_emit = now + G.interval_ns;
     }
   }
-  pthread_mutex_unlock(&G.mu);
   return NULL;
+}
+
+/* Keeps the library loaded for good: the thread runs on after NCCL's dlclose. */
+static int pin_library(char *err, size_t errlen) {
+  Dl_info info;
+  if (dladdr((void *)&G, &info) == 0 || info.dli_fname == NULL ||
+      dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == NULL) {
+    snprintf(err, errlen, "cannot pin the library: %s", dlerror());
+    return -1;
+  }
+  return 0;
 }
 
 static int start_thread(const struct c4_config *cfg, char *err, size_t errlen) {
@@ -367,6 +451,7 @@ static int start_thread(const struct c4_config *cfg, char *err, size_t errlen) {
   G.stall_ns = (uint64_t)cfg->stall_ms * 1000000u;
   G.tick_ns = G.stall_ns / 4 < TICK_MAX_NS ? G.stall_ns / 4 : TICK_MAX_NS;
   if (G.tick_ns < TICK_MIN_NS) G.tick_ns = TICK_MIN_NS;
+  if (pin_library(err, errlen) != 0) return -1;
   G.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (G.fd < 0) {
     snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(errno));
@@ -376,8 +461,11 @@ static int start_thread(const struct c4_config *cfg, char *err, size_t errlen) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  G.stop = 0;
-  int rc = pthread_create(&G.thread, NULL, run, NULL);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&G.thread, &attr, run, NULL);
+  pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) {
     snprintf(err, errlen, "pthread_create: %s", strerror(rc));
@@ -394,41 +482,45 @@ int c4_emitter_add(struct c4_comm *c, const struct c4_config *cfg, char *err, si
   pthread_mutex_lock(&G.life);
   int rc = G.running ? 0 : start_thread(cfg, err, errlen);
   if (rc == 0) {
-    pthread_mutex_lock(&G.mu);
-    c->last_emit_ns = c4_now_ns();
-    c->next = G.comms;
-    G.comms = c;
-    G.ncomms++;
-    pthread_mutex_unlock(&G.mu);
+    pthread_mutex_lock(&G.reg);
+    int known = atomic_load_explicit(&c->known, memory_order_acquire) == 1;
+    for (struct c4_comm *o = G.comms; known && o != NULL; o = o->next)
+      if (LD(o->state) == C4_COMM_LIVE && LD(o->hash) == LD(c->hash) &&
+          LD(o->rank) == LD(c->rank)) {
+        snprintf(err, errlen, "this process already profiles rank %d of this communicator",
+                 LD(c->rank));
+        rc = -1;
+        break;
+      }
+    if (rc == 0) {
+      c->checked = known;
+      c->last_emit_ns = c4_now_ns();
+      c->next = G.comms;
+      G.comms = c;
+      pthread_cond_signal(&G.cv);
+    }
+    pthread_mutex_unlock(&G.reg);
   }
   pthread_mutex_unlock(&G.life);
   return rc;
 }
 
+struct c4_comm *c4_emitter_find(void *context) {
+  struct c4_comm *found = NULL;
+  if (context == NULL) return NULL;
+  pthread_mutex_lock(&G.reg);
+  for (struct c4_comm *c = G.comms; c != NULL && found == NULL; c = c->next)
+    if (c == context && LD(c->state) == C4_COMM_LIVE) found = c;
+  pthread_mutex_unlock(&G.reg);
+  return found;
+}
+
 void c4_emitter_remove(struct c4_comm *c) {
-  pthread_mutex_lock(&G.life);
-  pthread_mutex_lock(&G.mu);
-  c4_sweep_awaiting(c);
-  G.wait_left_ns = SEND_WAIT_NS;
-  emit_summary(c, c4_now_ns(), C4W_FLAG_FINAL);
-  for (struct c4_comm **p = &G.comms; *p != NULL; p = &(*p)->next)
-    if (*p == c) {
-      *p = c->next;
-      G.ncomms--;
-      break;
-    }
-  int last = G.ncomms == 0;
-  if (last) {
-    G.stop = 1;
-    pthread_cond_signal(&G.cv);
+  pthread_mutex_lock(&G.reg);
+  if (LD(c->state) == C4_COMM_LIVE) { /* not finalized twice */
+    atomic_store_explicit(&c->finalizing, 1, memory_order_release);
+    ST(c->state, C4_COMM_FINALIZING);
+    pthread_cond_signal(&G.cv); /* its final summary goes out at once */
   }
-  pthread_mutex_unlock(&G.mu);
-  if (last) {
-    pthread_join(G.thread, NULL);
-    close(G.fd);
-    G.fd = -1;
-    G.connected = 0;
-    G.running = 0;
-  }
-  pthread_mutex_unlock(&G.life);
+  pthread_mutex_unlock(&G.reg);
 }

@@ -15,10 +15,13 @@ struct c4_config {
 };
 
 /* Registers a communicator, starting the thread and the socket with the first one.
- * Returns 0, or -1 with a reason in err. */
+ * Returns 0, or -1 with a reason in err (also when the process already profiles the same
+ * (communicator, rank)). */
 int c4_emitter_add(struct c4_comm *c, const struct c4_config *cfg, char *err, size_t errlen);
-/* Sends the communicator's final summary and unregisters it; the last one stops the thread
- * (NCCL may dlclose the plugin after the last finalize). */
+/* `context` if it is a registered live communicator, else NULL (compares pointers only). */
+struct c4_comm *c4_emitter_find(void *context);
+/* Finalizes: events are ignored from now on, the thread sends the final summary and frees
+ * the state later. Never waits. */
 void c4_emitter_remove(struct c4_comm *c);
 
 #endif

@@ -2,10 +2,15 @@
  *
  * Completion of an op is not its stop event (that only means "enqueued"): every ProxyOp and
  * KernelCh child holds a reference on its Coll/P2p, and the op completes when the last
- * reference goes, at the latest child stop. An op without children completes at its stop,
- * unless the communicator is known to have children (multi-node, or children seen before):
- * then it waits for them, or for a later op to complete (ops of a communicator complete in
- * order, see c4_sweep_awaiting()), or for its ring slot to be needed again. */
+ * reference goes, at the latest child stop. NCCL stops the op before its children start, so
+ * an op stopped without children waits for them (`awaiting`); c4_sweep_awaiting() completes
+ * it if a later op completes or gets children first (a communicator's ops run in order), or
+ * if nothing of the communicator runs for a while (ops NCCL gives no children), and a whole
+ * ring of later ops reuses its slot at the latest.
+ *
+ * op->refs: 1 until stop, plus one per attached child; -1 once the op is being completed, so
+ * that a child can no longer attach to it (attach and completion race on the proxy thread,
+ * the enqueuing thread and the background thread). */
 #include <string.h>
 
 #include "comm.h"
@@ -88,7 +93,7 @@ static int kind_find(struct c4_comm *c, const char *f, const char *a, const char
 /* ---- (peer, channel, dir) table: open addressing, entries are never removed ---- */
 
 static struct c4_conn *conn_find(struct c4_comm *c, int peer, int channel, int is_send) {
-  if (peer < 0 || peer >= c->nranks || channel < 0 || channel > 0x7ff) return NULL;
+  if (peer < 0 || peer >= LD(c->nranks) || channel < 0 || channel > 0x7ff) return NULL;
   uint64_t key = c4_conn_key(peer, channel, is_send);
   uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40);
   for (uint32_t n = 0; n < C4_MAX_CONNS; n++) {
@@ -105,36 +110,45 @@ static struct c4_conn *conn_find(struct c4_comm *c, int peer, int channel, int i
 
 static void op_finalize(struct c4_op *op, uint64_t end, uint64_t now);
 
-void *c4_op_start(struct c4_comm *c, int is_coll, const char *func, const char *algo,
+/* Completes an op that waits for children it has not got: only if none attaches meanwhile. */
+static int op_close_awaiting(struct c4_op *op, uint64_t end, uint64_t now) {
+  int32_t zero = 0;
+  if (!LD(op->awaiting) ||
+      !atomic_compare_exchange_strong_explicit(&op->refs, &zero, -1, ACQ_REL, ACQUIRE))
+    return 0;
+  op_finalize(op, end, now);
+  return 1;
+}
+
+void *c4_op_start(struct c4_comm *c, int kind, const char *func, const char *algo,
                   const char *proto, const char *dtype, size_t count) {
   struct c4_op *op = &c->ops[ADD(c->op_next, 1) & (C4_MAX_OPS - 1)];
   uint64_t now = c4_now_ns();
   uint32_t s = atomic_load_explicit(&op->state, ACQUIRE);
-  if (s == C4_OP_LIVE && LD(op->awaiting) && LD(op->refs) == 0) {
-    /* a whole ring later its children never came: it ended when it was enqueued */
-    op_finalize(op, LD(op->stop_ns), now);
-    s = atomic_load_explicit(&op->state, ACQUIRE);
-  }
+  if (s == C4_OP_LIVE && op_close_awaiting(op, LD(op->stop_ns), now))
+    s = atomic_load_explicit(&op->state, ACQUIRE); /* a whole ring later no child came */
   if ((s != C4_OP_FREE && s != C4_OP_DONE) ||
       !atomic_compare_exchange_strong_explicit(&op->state, &s, C4_OP_FILLING, ACQ_REL, ACQUIRE)) {
     drop(c); /* the ring is full of incomplete ops */
     return NULL;
   }
+  int is_coll = kind != C4_OP_P2P;
   op->h.type = C4_OBJ_OP;
   op->comm = c;
   ST(op->is_coll, (uint32_t)is_coll);
+  ST(op->is_ce, (uint32_t)(kind == C4_OP_CE));
   ST(op->kind, kind_find(c, func, algo, proto));
   ST(op->seq, is_coll ? ADD(c->seq_started, 1) : LD(c->seq_started));
   ST(op->opn, ADD(c->opn_next, 1));
-  ST(op->bytes, (uint64_t)count * c4_dtype_size(dtype));
+  ST(op->bytes, (uint64_t)count * c4_dtype_size(dtype, c->version));
   ST(op->start_ns, now);
   ST(op->stop_ns, 0);
-  ST(op->refs, 1);
   ST(op->children, 0);
   ST(op->moved, 0);
   ST(op->awaiting, 0);
   ST(op->end_ns, 0);
   ST(op->first_move_ns, 0);
+  atomic_store_explicit(&op->refs, 1, RELEASE);
   ADD(c->ops_live, 1);
   atomic_store_explicit(&op->state, C4_OP_LIVE, RELEASE);
   return op;
@@ -145,7 +159,7 @@ static void op_finalize(struct c4_op *op, uint64_t end, uint64_t now) {
   uint64_t start = LD(op->start_ns), first_move = LD(op->first_move_ns), opn = LD(op->opn);
   uint64_t bytes = LD(op->bytes);
   int32_t kind = LD(op->kind), moved = LD(op->moved);
-  uint32_t is_coll = LD(op->is_coll), live = C4_OP_LIVE;
+  uint32_t is_coll = LD(op->is_coll), is_ce = LD(op->is_ce), live = C4_OP_LIVE;
   if (!atomic_compare_exchange_strong_explicit(&op->state, &live, C4_OP_DONE, ACQ_REL, ACQUIRE))
     return; /* someone else completed it */
   if (atomic_exchange_explicit(&op->awaiting, 0, memory_order_relaxed))
@@ -161,33 +175,43 @@ static void op_finalize(struct c4_op *op, uint64_t end, uint64_t now) {
     ADD(c->entry_ops, 1);
   }
   if (is_coll) ADD(c->seq_completed, 1);
-  atomic_max(&c->max_done_opn, opn + 1);
-  ST(c->last_done_ns, end);
-  ST(c->last_progress_ns, now);
+  if (!is_ce) { /* a copy-engine op "completes" when enqueued: neither order nor progress */
+    atomic_max(&c->max_done_opn, opn + 1);
+    ST(c->last_done_ns, end);
+    ST(c->last_progress_ns, now);
+  }
   atomic_fetch_sub_explicit(&c->ops_live, 1, memory_order_relaxed);
 }
 
-/* The last reference is gone. */
+/* The last reference is gone (refs is 0). */
 static void op_release(struct c4_op *op, uint64_t now) {
   struct c4_comm *c = op->comm;
-  if (LD(op->children) == 0 && LD(c->expect_children)) {
+  int32_t children = LD(op->children), zero = 0;
+  if (children == 0 && LD(c->expect_children) && !LD(op->is_ce)) {
     if (!atomic_exchange_explicit(&op->awaiting, 1, memory_order_relaxed)) ADD(c->awaiting, 1);
     return;
   }
-  op_finalize(op, LD(op->children) ? LD(op->end_ns) : LD(op->stop_ns), now);
+  if (!atomic_compare_exchange_strong_explicit(&op->refs, &zero, -1, ACQ_REL, ACQUIRE))
+    return; /* a late child attached: its stop completes the op */
+  op_finalize(op, children ? LD(op->end_ns) : LD(op->stop_ns), now);
 }
 
 static inline void op_unref(struct c4_op *op, uint64_t now) {
   if (atomic_fetch_sub_explicit(&op->refs, 1, ACQ_REL) == 1) op_release(op, now);
 }
 
-static struct c4_op *op_attach(void *parent) {
+/* A child of `parent` starts on communicator c. The parent is a handle c4 returned for c
+ * (NCCL's own), or NULL; NULL if it cannot be attached (completed: an orphan). */
+static struct c4_op *op_attach(struct c4_comm *c, void *parent) {
   struct c4_op *op = parent;
-  if (op == NULL || op->h.type != C4_OBJ_OP) return NULL;
-  if (atomic_load_explicit(&op->state, ACQUIRE) != C4_OP_LIVE) return NULL; /* orphan */
-  atomic_fetch_add_explicit(&op->refs, 1, memory_order_relaxed);
+  if (op == NULL || op->h.type != C4_OBJ_OP || op->comm != c) return NULL;
+  if (!LD(c->expect_children)) ST(c->expect_children, 1);
+  int32_t r = atomic_load_explicit(&op->refs, ACQUIRE);
+  do {
+    if (r < 0 || atomic_load_explicit(&op->state, ACQUIRE) != C4_OP_LIVE) return NULL;
+  } while (!atomic_compare_exchange_weak_explicit(&op->refs, &r, r + 1, ACQ_REL, ACQUIRE));
   ADD(op->children, 1);
-  if (!LD(op->comm->expect_children)) ST(op->comm->expect_children, 1);
+  atomic_max(&c->max_child_opn, LD(op->opn) + 1);
   return op;
 }
 
@@ -196,14 +220,34 @@ static void child_done(struct c4_op *op, uint64_t end, uint64_t now) {
   op_unref(op, now);
 }
 
-void c4_sweep_awaiting(struct c4_comm *c) {
-  if (LD(c->awaiting) == 0) return;
-  uint64_t done = LD(c->max_done_opn), now = c4_now_ns();
+/* Is anything of the communicator running: an op with attached children, a proxy op? */
+static int comm_busy(struct c4_comm *c) {
   for (int i = 0; i < C4_MAX_OPS; i++) {
     struct c4_op *op = &c->ops[i];
-    if (atomic_load_explicit(&op->state, ACQUIRE) == C4_OP_LIVE && LD(op->awaiting) &&
-        LD(op->refs) == 0 && LD(op->opn) + 1 < done)
-      op_finalize(op, LD(c->last_done_ns), now);
+    if (atomic_load_explicit(&op->state, ACQUIRE) == C4_OP_LIVE && LD(op->children) > 0 &&
+        LD(op->refs) > 0)
+      return 1;
+  }
+  uint32_t n = c4_pool_used(&c->proxy_ops);
+  for (uint32_t i = 0; i < n; i++)
+    if (atomic_load_explicit(&c4_pool_at(&c->proxy_ops, i)->live, ACQUIRE)) return 1;
+  return 0;
+}
+
+void c4_sweep_awaiting(struct c4_comm *c, uint64_t await_ns) {
+  if (LD(c->awaiting) == 0) return;
+  uint64_t done = LD(c->max_done_opn), child = LD(c->max_child_opn), now = c4_now_ns();
+  int busy = -1;
+  for (int i = 0; i < C4_MAX_OPS; i++) {
+    struct c4_op *op = &c->ops[i];
+    if (atomic_load_explicit(&op->state, ACQUIRE) != C4_OP_LIVE || !LD(op->awaiting)) continue;
+    uint64_t opn = LD(op->opn) + 1, stop = LD(op->stop_ns);
+    if (opn < done) /* a later op completed */
+      op_close_awaiting(op, LD(c->last_done_ns), now);
+    else if (opn < child) /* a later op's kernel or proxy started: this one has ended */
+      op_close_awaiting(op, stop, now);
+    else if (now - stop > await_ns && (busy < 0 ? (busy = comm_busy(c)) : busy) == 0)
+      op_close_awaiting(op, stop, now); /* nothing runs: NCCL gave it no children */
   }
 }
 
@@ -215,22 +259,27 @@ void *c4_proxy_op_start(struct c4_comm *c, void *parent, int peer, int channel, 
     drop(c);
     return NULL;
   }
+  c4_comm_saw_rank(c, peer);
   struct c4_conn *conn = conn_find(c, peer, channel, is_send);
   if (conn == NULL) drop(c); /* tracked for stalls, its traffic is not accounted */
   p->h.type = C4_OBJ_PROXY_OP;
   p->comm = c;
-  p->parent = op_attach(parent);
+  p->parent = op_attach(c, parent);
   p->first_move_ns = 0;
+  p->op_bytes = 0;
   ST(p->conn, conn);
   ST(p->last_ns, c4_now_ns());
   atomic_store_explicit(&p->h.live, 1, RELEASE);
   return p;
 }
 
-void *c4_step_start(struct c4_comm *c, void *parent, int step) {
+void *c4_step_start(void *parent, int step) {
   struct c4_proxy_op *p = parent;
-  struct c4_step *s = NULL;
-  if (p == NULL || p->h.type != C4_OBJ_PROXY_OP || (s = c4_pool_get(&c->steps)) == NULL) {
+  struct c4_step *s;
+  if (p == NULL || p->h.type != C4_OBJ_PROXY_OP) return NULL;
+  struct c4_comm *c = p->comm;
+  if (LD(c->finalizing)) return NULL;
+  if ((s = c4_pool_get(&c->steps)) == NULL) {
     drop(c);
     return NULL;
   }
@@ -245,18 +294,18 @@ void *c4_step_start(struct c4_comm *c, void *parent, int step) {
 }
 
 void *c4_kch_start(struct c4_comm *c, void *parent) {
+  struct c4_op *op = op_attach(c, parent);
+  if (op == NULL) return NULL; /* nothing to complete: untracked */
   struct c4_kch *k = c4_pool_get(&c->kchs);
   if (k == NULL) {
     drop(c);
+    op_unref(op, c4_now_ns());
     return NULL;
   }
   k->h.type = C4_OBJ_KCH;
-  k->parent = op_attach(parent);
-  if (k->parent == NULL) { /* nothing to complete: untracked */
-    c4_pool_put(&c->kchs, k);
-    return NULL;
-  }
+  k->parent = op;
   k->end_ns = 0;
+  ST(c->last_progress_ns, c4_now_ns()); /* the kernel started */
   atomic_store_explicit(&k->h.live, 1, RELEASE);
   return k;
 }
@@ -275,11 +324,13 @@ static inline void step_account(struct c4_step *s, struct c4_proxy_op *p, uint64
   }
 }
 
-static void step_state(struct c4_step *s, int state, const c4_nccl_state_args_t *args) {
+static void step_state(struct c4_step *s, int state, size_t trans) {
   uint64_t now = c4_now_ns();
   struct c4_proxy_op *p = LD(s->pop);
   step_account(s, p, now);
-  if (args != NULL && args->proxyStep.transSize != 0) s->trans = args->proxyStep.transSize;
+  /* NCCL passes its last transfer size with every state; it is this step's when it is set:
+   * at SendWait (sent) and RecvFlushWait (received). */
+  if (trans != 0 && (state == C4_ST_SEND_WAIT || state == C4_ST_RECV_FLUSH_WAIT)) s->trans = trans;
   ST(s->state, state);
   ST(s->state_ns, now);
   ST(p->last_ns, now);
@@ -304,29 +355,44 @@ static void step_stop(struct c4_step *s) {
   c4_pool_put(&c->steps, s);
 }
 
+static void proxy_op_stop(struct c4_proxy_op *p) {
+  uint64_t now = c4_now_ns();
+  struct c4_conn *conn = LD(p->conn);
+  if (conn != NULL && p->op_bytes) ADD(conn->bytes, p->op_bytes); /* v3 */
+  if (p->parent != NULL) child_done(p->parent, now, now);
+  atomic_store_explicit(&p->h.live, 0, RELEASE);
+  c4_pool_put(&p->comm->proxy_ops, p);
+}
+
+static void kch_stop(struct c4_kch *k) {
+  struct c4_comm *c = k->parent->comm;
+  uint64_t now = c4_now_ns();
+  ST(c->last_progress_ns, now);
+  child_done(k->parent, k->end_ns ? k->end_ns : now, now);
+  atomic_store_explicit(&k->h.live, 0, RELEASE);
+  c4_pool_put(&c->kchs, k);
+}
+
+/* The communicator of a handle c4 returned. */
+static struct c4_comm *comm_of(struct c4_obj *o) {
+  switch (o->type) {
+    case C4_OBJ_OP: return ((struct c4_op *)o)->comm;
+    case C4_OBJ_PROXY_OP: return ((struct c4_proxy_op *)o)->comm;
+    case C4_OBJ_STEP: return LD(((struct c4_step *)o)->pop)->comm;
+    case C4_OBJ_KCH: return ((struct c4_kch *)o)->parent->comm;
+    default: return NULL;
+  }
+}
+
 void c4_event_stop(void *handle) {
   struct c4_obj *o = handle;
   if (o == NULL) return;
+  struct c4_comm *c = comm_of(o);
+  if (c == NULL || LD(c->finalizing)) return; /* its final summary is out: leave it as is */
   switch (o->type) {
     case C4_OBJ_STEP: step_stop(handle); break;
-    case C4_OBJ_PROXY_OP: {
-      struct c4_proxy_op *p = handle;
-      uint64_t now = c4_now_ns();
-      if (p->parent != NULL) child_done(p->parent, now, now);
-      atomic_store_explicit(&p->h.live, 0, RELEASE);
-      c4_pool_put(&p->comm->proxy_ops, p);
-      break;
-    }
-    case C4_OBJ_KCH: {
-      struct c4_kch *k = handle;
-      struct c4_comm *c = k->parent->comm;
-      uint64_t now = c4_now_ns();
-      ST(c->last_progress_ns, now);
-      child_done(k->parent, k->end_ns ? k->end_ns : now, now);
-      atomic_store_explicit(&k->h.live, 0, RELEASE);
-      c4_pool_put(&c->kchs, k);
-      break;
-    }
+    case C4_OBJ_PROXY_OP: proxy_op_stop(handle); break;
+    case C4_OBJ_KCH: kch_stop(handle); break;
     case C4_OBJ_OP: {
       struct c4_op *op = handle;
       uint64_t now = c4_now_ns();
@@ -338,11 +404,19 @@ void c4_event_stop(void *handle) {
   }
 }
 
-void c4_event_state(void *handle, int state, const c4_nccl_state_args_t *args) {
+void c4_event_state(void *handle, int state, size_t trans) {
   struct c4_obj *o = handle;
   if (o == NULL) return;
-  if (o->type == C4_OBJ_STEP)
-    step_state(handle, state, args);
-  else if (o->type == C4_OBJ_KCH && state == C4_ST_KERNEL_CH_STOP)
+  struct c4_comm *c = comm_of(o);
+  if (c == NULL || LD(c->finalizing)) return;
+  if (o->type == C4_OBJ_STEP) {
+    step_state(handle, state, trans);
+  } else if (o->type == C4_OBJ_KCH && state == C4_ST_KERNEL_CH_STOP) {
     ((struct c4_kch *)handle)->end_ns = c4_now_ns();
+  } else if (o->type == C4_OBJ_PROXY_OP && state >= C4_ST_PROXY_OP_SEND_POSTED &&
+             state <= C4_ST_PROXY_OP_RECV_DONE) { /* v3: the op's cumulative bytes */
+    struct c4_proxy_op *p = handle;
+    if (trans > p->op_bytes) p->op_bytes = trans;
+    ST(p->last_ns, c4_now_ns());
+  }
 }

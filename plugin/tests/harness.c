@@ -1,17 +1,37 @@
-/* Drives libnccl-profiler-c4.so exactly as NCCL does, from an application thread (Coll,
- * KernelCh) and a proxy thread (ProxyOp, ProxyStep), receives the plugin's datagrams on its
- * own Unix socket and checks them. Time is real: waits are sleeps of known length.
+/* Drives libnccl-profiler-c4.so the way NCCL 2.26 - 2.30 do, each release through its own
+ * profiler ABI (plugin/src/abi.h: the descriptor layouts of NCCL's profiler_v3.h .. v6.h) and
+ * in NCCL's own event order (src/plugin/profiler.cc, src/enqueue.cc, src/proxy.cc,
+ * src/transport/net.cc and profiler.cc of each release):
+ *  - the loader looks up the newest symbol the release knows first (2.26: v3, 2.27: v4,
+ *    2.28: v5, 2.29 and 2.30: v6, then older ones);
+ *  - one process-wide activation mask, whose address every init gets; each API call takes a
+ *    snapshot of it for its task, and events are started according to that snapshot;
+ *  - v5+: GroupApi and CollApi events around every call, whatever the mask subscribes;
+ *    every release: a Group event around the plan;
+ *  - the plan's host task starts the Coll and stops it ("enqueued") before the proxy thread
+ *    starts its ProxyOps, and KernelCh events come from the proxy thread (the profiler proxy
+ *    op polls the kernel's counters), stopped with KernelChStop (v4+) when the kernel ends;
+ *  - ProxyStep states carry NCCL's last transfer size of the op (v4+), or no arguments (v3,
+ *    where the ProxyOp states carry the op's cumulative size);
+ *  - PXN: a ProxyOp created by another process carries that process's pid, parent and
+ *    context, and so do its ProxySteps' context.
+ * A ring of ranks runs in this process (one process per node driving its GPUs), the proxy
+ * thread moves proxy steps through their states with real sleeps, and a step waiting for a
+ * peer waits until that peer's rank entered the op. The harness receives the plugin's
+ * datagrams on its own Unix socket and checks them.
  *
- *   harness [--lib PATH] [--flood N] [--scenario NAME] [--capture DIR]
+ *   harness [--lib PATH] [--flood N] [--scenario NAME[,NAME]] [--release R] [--capture DIR]
+ *           [--list]
  *   harness --emit-only --seconds N [--ranks N] [--channels N] [--comm HEX]
  *           [--slow-link R] [--straggler R] [--stall-rank R] [--hang-rank R]
  *
- * Scenarios (all by default): normal, slow, straggler, stall, wide, exhaust, v4, flood.
- * --emit-only drives a ring AllReduce workload and sends to $C4_AGENT_SOCKET without
- * receiving (for end-to-end tests through a real agent): from 1 s on, --stall-rank R freezes
- * R's receive from R-1 (communication hang), --hang-rank R keeps R out of the op while its
- * neighbours wait (non-communication hang). --capture DIR writes datagrams for
- * tests/fixtures/plugin. Exit status 0 when every check passed. */
+ * --list prints the scenario names; --scenario runs those named (all by default); --release
+ * picks the NCCL release of the scenarios that are not about a release (2.30 by default).
+ * --emit-only drives a ring AllReduce into $C4_AGENT_SOCKET without receiving (end-to-end tests
+ * through a real agent): from 1 s on, --stall-rank R freezes R's receive from R-1
+ * (communication hang), --hang-rank R keeps R out of the op while its neighbours wait
+ * (non-communication hang). --capture DIR writes datagrams for tests/fixtures/plugin.
+ * Exit status 0 when every check passed. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -24,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -74,11 +95,48 @@ static void abs_timespec(uint64_t t, struct timespec *ts) {
   ts->tv_nsec = (long)(t % 1000000000u);
 }
 
-/* ------------------------------------------------------------------ plugin, as NCCL sees it */
+/* --------------------------------------------------------------------- NCCL, per release */
 
-static c4_profiler_v5_t *P5;
+struct release {
+  const char *name;
+  int api; /* newest profiler version it knows */
+};
+static const struct release RELEASES[] = {
+    {"2.26", 3}, {"2.27", 4}, {"2.28", 5}, {"2.29", 6}, {"2.30", 6}};
+#define NRELEASES (int)(sizeof RELEASES / sizeof RELEASES[0])
+#define NEWEST (&RELEASES[NRELEASES - 1])
+static const struct release *MAIN_REL = NEWEST; /* of the scenarios about one release (--release) */
+
+static void *DL;                /* the plugin, dlopen'ed once */
+static const struct release *REL;
+static int API;                 /* the profiler version the loader found */
+static const char *PNAME;       /* its name field */
+static c4_profiler_v3_t *P3;
 static c4_profiler_v4_t *P4;
+static c4_profiler_v5_t *P5;
+static c4_profiler_v6_t *P6;
+static int nccl_mask;           /* NCCL's process-wide ncclProfilerEventMask */
+static pid_t self_pid;
 static _Atomic int warn_lines;
+
+/* NCCL's loader: the newest version the release knows first, then older ones. */
+static int nccl_load(const struct release *r) {
+  REL = r;
+  API = 0;
+  P3 = NULL, P4 = NULL, P5 = NULL, P6 = NULL;
+  for (int v = r->api; v >= 1 && API == 0; v--) {
+    char sym[32];
+    snprintf(sym, sizeof sym, "ncclProfiler_v%d", v);
+    void *p = dlsym(DL, sym);
+    if (p == NULL) continue;
+    API = v;
+    if (v == 3) P3 = p, PNAME = P3->name;
+    if (v == 4) P4 = p, PNAME = P4->name;
+    if (v == 5) P5 = p, PNAME = P5->name;
+    if (v == 6) P6 = p, PNAME = P6->name;
+  }
+  return API >= 3 ? API : 0; /* v1/v2 are not what the plugin implements */
+}
 
 static void nccl_logger(int level, unsigned long flags, const char *file, int line,
                         const char *fmt, ...) {
@@ -95,15 +153,206 @@ static void nccl_logger(int level, unsigned long flags, const char *file, int li
   va_end(ap);
 }
 
+static int mask_now(void) { return __atomic_load_n(&nccl_mask, __ATOMIC_RELAXED); }
+
+static void nccl_init(void **ctx, uint64_t hash, int nnodes, int nranks, int rank) {
+  switch (API) {
+    case 3: P3->init(ctx, &nccl_mask); break;
+    case 4: P4->init(ctx, &nccl_mask, "harness", hash, nnodes, nranks, rank, nccl_logger); break;
+    case 5: P5->init(ctx, hash, &nccl_mask, "harness", nnodes, nranks, rank, nccl_logger); break;
+    case 6: P6->init(ctx, hash, &nccl_mask, "harness", nnodes, nranks, rank, nccl_logger); break;
+  }
+}
+
+static void nccl_finalize(void *ctx) {
+  if (ctx == NULL) return; /* NCCL skips a NULL context */
+  switch (API) {
+    case 3: P3->finalize(ctx); break;
+    case 4: P4->finalize(ctx); break;
+    case 5: P5->finalize(ctx); break;
+    case 6: P6->finalize(ctx); break;
+  }
+}
+
+/* An event as NCCL fills it in, before it is laid out for the loaded version. */
+struct ev {
+  uint64_t type;
+  void *parent;
+  int rank;
+  uint64_t hash;              /* v3 Coll/P2p */
+  const char *func, *dtype, *algo, *proto, *sync;
+  size_t count;
+  int peer, channel, is_send, nsteps, step;
+  pid_t pid;
+  void *group;                /* v5+ coll/p2p parentGroup */
+};
+
+#define FILL_COMMON(D)                                             \
+  do {                                                             \
+    (D).type = e->type;                                            \
+    (D).parentObj = e->parent;                                     \
+    (D).rank = e->rank;                                            \
+    switch (e->type) {                                             \
+      case C4_EV_PROXY_OP:                                         \
+        (D).proxyOp.pid = e->pid;                                  \
+        (D).proxyOp.channelId = (uint8_t)e->channel;               \
+        (D).proxyOp.peer = e->peer;                                \
+        (D).proxyOp.nSteps = e->nsteps;                            \
+        (D).proxyOp.chunkSize = 1 << 19;                           \
+        (D).proxyOp.isSend = e->is_send;                           \
+        break;                                                     \
+      case C4_EV_PROXY_STEP: (D).proxyStep.step = e->step; break;  \
+      case C4_EV_KERNEL_CH: (D).kernelCh.channelId = (uint8_t)e->channel; break; \
+      case C4_EV_COLL:                                             \
+        (D).coll.func = e->func;                                   \
+        (D).coll.count = e->count;                                 \
+        (D).coll.datatype = e->dtype;                              \
+        (D).coll.algo = e->algo;                                   \
+        (D).coll.proto = e->proto;                                 \
+        break;                                                     \
+      case C4_EV_P2P:                                              \
+        (D).p2p.func = e->func;                                    \
+        (D).p2p.count = e->count;                                  \
+        (D).p2p.datatype = e->dtype;                               \
+        (D).p2p.peer = e->peer;                                    \
+        break;                                                     \
+      default: break;                                              \
+    }                                                              \
+  } while (0)
+
+#define FILL_V5(D)                                                                       \
+  do {                                                                                   \
+    FILL_COMMON(D);                                                                      \
+    if (e->type == C4_EV_COLL) (D).coll.parentGroup = e->group, (D).coll.nChannels = 2;  \
+    if (e->type == C4_EV_P2P) (D).p2p.parentGroup = e->group, (D).p2p.nChannels = 1;     \
+    if (e->type == C4_EV_COLL_API) (D).collApi.func = e->func, (D).collApi.count = e->count, \
+                                   (D).collApi.datatype = e->dtype;                      \
+    if (e->type == C4_EV_GROUP_API) (D).groupApi.groupDepth = 1;                         \
+    if (e->type == C4_EV_KERNEL_CH) (D).kernelCh.pTimer = now_ns();                      \
+  } while (0)
+
+/* startEvent with the loaded version's descriptor; NCCL's handle stays NULL if none. */
+static void *nccl_start(void *ctx, const struct ev *e) {
+  void *h = NULL;
+  switch (API) {
+    case 3: {
+      c4_descr_v3_t d;
+      memset(&d, 0, sizeof d);
+      FILL_COMMON(d);
+      if (e->type == C4_EV_COLL) d.coll.commHash = e->hash, d.coll.name = "harness";
+      if (e->type == C4_EV_P2P) d.p2p.commHash = e->hash, d.p2p.name = "harness";
+      P3->startEvent(ctx, &h, &d);
+      break;
+    }
+    case 4: {
+      c4_descr_v4_t d;
+      memset(&d, 0, sizeof d);
+      FILL_COMMON(d);
+      if (e->type == C4_EV_KERNEL_CH) d.kernelCh.pTimer = now_ns();
+      P4->startEvent(ctx, &h, &d);
+      break;
+    }
+    case 5: {
+      c4_descr_v5_t d;
+      memset(&d, 0, sizeof d);
+      FILL_V5(d);
+      P5->startEvent(ctx, &h, &d);
+      break;
+    }
+    case 6: {
+      c4_descr_v6_t d;
+      memset(&d, 0, sizeof d);
+      FILL_V5(d);
+      if (e->type == C4_EV_CE_COLL) {
+        d.ceColl.func = e->func;
+        d.ceColl.count = e->count;
+        d.ceColl.datatype = e->dtype;
+        d.ceColl.syncStrategy = e->sync;
+      }
+      if (e->type == C4_EV_CE_BATCH) d.ceCollBatch.numOps = 1, d.ceCollBatch.totalBytes = e->count;
+      P6->startEvent(ctx, &h, &d);
+      break;
+    }
+  }
+  return h;
+}
+
+static void nccl_stop(void *h) {
+  if (h == NULL) return; /* NCCL never stops a NULL handle */
+  switch (API) {
+    case 3: P3->stopEvent(h); break;
+    case 4: P4->stopEvent(h); break;
+    case 5: P5->stopEvent(h); break;
+    case 6: P6->stopEvent(h); break;
+  }
+}
+
+static void nccl_record(void *h, c4_nccl_state_t st, c4_nccl_state_args_t *a) {
+  if (h == NULL) return;
+  switch (API) {
+    case 4: P4->recordEventState(h, st, a); break;
+    case 5: P5->recordEventState(h, st, a); break;
+    case 6: P6->recordEventState(h, st, a); break;
+  }
+}
+
+/* What NCCL does not do, and the plugin must survive anyway: NULL handles. */
+static void nccl_null_handle(void) {
+  c4_nccl_state_args_t a = {.proxyStep = {1000}};
+  switch (API) {
+    case 3: P3->recordEventState(NULL, C4_ST_SEND_WAIT, NULL), P3->stopEvent(NULL); break;
+    case 4: P4->recordEventState(NULL, C4_ST_SEND_WAIT, &a), P4->stopEvent(NULL); break;
+    case 5: P5->recordEventState(NULL, C4_ST_SEND_WAIT, &a), P5->stopEvent(NULL); break;
+    case 6: P6->recordEventState(NULL, C4_ST_SEND_WAIT, &a), P6->stopEvent(NULL); break;
+  }
+}
+
+/* A ProxyStep state: v4+ pass the op's last transfer size (sub->transSize), v3 nothing. */
+static void nccl_step_state(void *h, c4_nccl_state_t st, size_t sub_trans) {
+  if (h == NULL) return;
+  if (API == 3) {
+    P3->recordEventState(h, st, NULL);
+    return;
+  }
+  c4_nccl_state_args_t a;
+  memset(&a, 0, sizeof a);
+  a.proxyStep.transSize = sub_trans;
+  nccl_record(h, st, &a);
+}
+
+/* v3 only: a ProxyOp state with the op's cumulative size; v4+ record ProxyOpInProgress once. */
+static void nccl_op_state(void *h, c4_nccl_state_t st, size_t cumulative, int steps) {
+  if (h == NULL) return;
+  if (API == 3) {
+    c4_nccl_state_args_v3_t a;
+    memset(&a, 0, sizeof a);
+    a.proxyOp.transSize = cumulative;
+    a.proxyOp.steps = steps;
+    P3->recordEventState(h, st, &a);
+  } else if (st == C4_ST_PROXY_OP_IN_PROGRESS) {
+    c4_nccl_state_args_t a;
+    memset(&a, 0, sizeof a);
+    nccl_record(h, st, &a);
+  }
+}
+
+/* The end of a kernel channel, seen by the proxy thread: KernelChStop (v4+), then stop. */
+static void nccl_kch_end(void *h) {
+  if (h == NULL) return;
+  c4_nccl_state_args_t a = {.kernelCh = {now_ns()}};
+  if (API >= 4) nccl_record(h, C4_ST_KERNEL_CH_STOP, &a);
+  nccl_stop(h);
+}
+
+/* A communicator: NCCL's context, and the harness's view of its rank. */
 struct hcomm {
   void *ctx;
-  int mask;
   uint64_t hash;
-  int rank, nranks;
+  int rank, nranks, nnodes;
   _Atomic int entered_it;         /* iteration whose Coll this rank started */
   _Atomic uint64_t entered_ns;
   _Atomic uint64_t last_event_ns; /* last proxy-step event the harness issued */
-  uint64_t hops_done;             /* proxy ops finished, under PX.mu */
+  uint64_t hops_done, net_done, kern_done; /* proxy ops finished (all, network, kernel), under PX.mu */
 };
 
 static void comm_init(struct hcomm *c, uint64_t hash, int rank, int nranks, int nnodes) {
@@ -111,78 +360,88 @@ static void comm_init(struct hcomm *c, uint64_t hash, int rank, int nranks, int 
   c->hash = hash;
   c->rank = rank;
   c->nranks = nranks;
+  c->nnodes = nnodes;
   atomic_store(&c->entered_it, -1);
-  P5->init(&c->ctx, hash, &c->mask, "harness", nnodes, nranks, rank, nccl_logger);
+  nccl_init(&c->ctx, hash, nnodes, nranks, rank);
   CHECK(c->ctx != NULL, "init failed for rank %d", rank);
-  CHECK((c->mask & (C4_EV_COLL | C4_EV_PROXY_OP | C4_EV_PROXY_STEP | C4_EV_KERNEL_CH)) ==
-            (C4_EV_COLL | C4_EV_PROXY_OP | C4_EV_PROXY_STEP | C4_EV_KERNEL_CH),
-        "activation mask %#x", c->mask);
+  int want = C4_EV_COLL | C4_EV_PROXY_OP | C4_EV_PROXY_STEP | C4_EV_KERNEL_CH;
+  CHECK((mask_now() & want) == want, "activation mask %#x", mask_now());
 }
 
-/* NCCL starts an event only when its type is in the activation mask. */
-static void *ev_start(struct hcomm *c, c4_descr_v5_t *d) {
-  void *h = NULL;
-  if (c->mask & (int)d->type) P5->startEvent(c->ctx, &h, d);
-  return h;
+/* Task masks, as enqueue.cc and profiler.cc test them. */
+#define WANTS_COLL(m) ((m) & (C4_EV_COLL | C4_EV_PROXY_OP | C4_EV_PROXY_STEP | C4_EV_KERNEL_CH | C4_EV_NET_PLUGIN))
+#define WANTS_P2P(m) ((m) & (C4_EV_P2P | C4_EV_PROXY_OP | C4_EV_PROXY_STEP | C4_EV_KERNEL_CH | C4_EV_NET_PLUGIN))
+#define WANTS_OP(m) ((m) & (C4_EV_PROXY_OP | C4_EV_PROXY_STEP | C4_EV_NET_PLUGIN))
+#define WANTS_STEP(m) ((m) & (C4_EV_PROXY_STEP | C4_EV_NET_PLUGIN))
+#define WANTS_GROUP(m) ((m) & (C4_EV_GROUP | C4_EV_COLL | C4_EV_P2P | C4_EV_PROXY_OP | C4_EV_PROXY_STEP | C4_EV_KERNEL_CH | C4_EV_NET_PLUGIN))
+
+/* One collective call as the application thread makes it, up to the plan's host task:
+ * [v5+ GroupApi, CollApi], Group, Coll start, Coll stop ("enqueued"), Group stop,
+ * [GroupApi stop]. Returns the Coll handle (the parent of its ProxyOps and KernelChs) and the
+ * task's snapshot of the mask. The Coll handle is only used as a parent after its stop, as
+ * NCCL does (sub->taskEventHandle). */
+struct call {
+  void *coll;
+  int mask;
+  uint64_t t_start, t_stop;
+};
+
+static struct call nccl_call(struct hcomm *c, const char *func, const char *dtype, size_t count,
+                             int is_p2p, int peer) {
+  struct call k = {0};
+  int m = mask_now(); /* ncclProfilerApiState.eActivationMask: one snapshot per call */
+  void *gapi = NULL, *capi = NULL;
+  struct ev e = {.rank = c->rank, .func = func, .dtype = dtype, .count = count};
+  if (API >= 5) {
+    e.type = C4_EV_GROUP_API;
+    gapi = nccl_start(c->ctx, &e);
+    nccl_record(gapi, (c4_nccl_state_t)23, NULL); /* GroupStartApiStop */
+    e.type = is_p2p ? C4_EV_P2P_API : C4_EV_COLL_API;
+    e.parent = gapi;
+    capi = nccl_start(c->ctx, &e);
+    nccl_stop(capi);
+    nccl_record(gapi, (c4_nccl_state_t)24, NULL); /* GroupEndApiStart */
+  }
+  k.mask = m;
+  void *group = NULL;
+  if (WANTS_GROUP(m)) {
+    struct ev g = {.type = C4_EV_GROUP};
+    group = nccl_start(c->ctx, &g);
+  }
+  k.t_start = now_ns();
+  if (is_p2p ? WANTS_P2P(m) : WANTS_COLL(m)) {
+    e.type = is_p2p ? C4_EV_P2P : C4_EV_COLL;
+    e.parent = API >= 5 ? capi : group;
+    e.group = group;
+    e.hash = c->hash;
+    e.peer = peer;
+    e.algo = "RING";
+    e.proto = "SIMPLE";
+    k.coll = nccl_start(c->ctx, &e);
+  }
+  atomic_store(&c->entered_ns, now_ns());
+  nccl_stop(k.coll); /* hostStreamPlanTask: stopped before the proxy thread sees its ops */
+  nccl_stop(group);
+  k.t_stop = now_ns();
+  nccl_stop(gapi);
+  return k;
 }
 
-static void ev_state(void *h, c4_nccl_state_t st, size_t trans) {
-  c4_nccl_state_args_t a;
-  memset(&a, 0, sizeof a);
-  a.proxyStep.transSize = trans;
-  P5->recordEventState(h, st, &a);
-}
-
-static void *start_coll(struct hcomm *c, uint64_t seq, size_t count, int nchan) {
-  c4_descr_v5_t d;
-  memset(&d, 0, sizeof d);
-  d.type = C4_EV_COLL;
-  d.rank = c->rank;
-  d.coll.seqNumber = seq;
-  d.coll.func = "AllReduce";
-  d.coll.count = count;
-  d.coll.datatype = "ncclFloat32";
-  d.coll.nChannels = (uint8_t)nchan;
-  d.coll.algo = "Ring";
-  d.coll.proto = "Simple";
-  return ev_start(c, &d);
-}
-
-static void *start_proxy_op(struct hcomm *c, void *parent, int peer, int ch, int is_send,
-                            int nsteps) {
-  c4_descr_v5_t d;
-  memset(&d, 0, sizeof d);
-  d.type = C4_EV_PROXY_OP;
-  d.parentObj = parent;
-  d.rank = c->rank;
-  d.proxyOp.pid = getpid();
-  d.proxyOp.channelId = (uint8_t)ch;
-  d.proxyOp.peer = peer;
-  d.proxyOp.nSteps = nsteps;
-  d.proxyOp.chunkSize = 1 << 19;
-  d.proxyOp.isSend = is_send;
-  return ev_start(c, &d);
-}
-
-static void *start_step(struct hcomm *c, void *parent, int step) {
-  c4_descr_v5_t d;
-  memset(&d, 0, sizeof d);
-  d.type = C4_EV_PROXY_STEP;
-  d.parentObj = parent;
-  d.rank = c->rank;
-  d.proxyStep.step = step;
-  return ev_start(c, &d);
-}
-
-static void *start_kch(struct hcomm *c, void *parent, int ch) {
-  c4_descr_v5_t d;
-  memset(&d, 0, sizeof d);
-  d.type = C4_EV_KERNEL_CH;
-  d.parentObj = parent;
-  d.rank = c->rank;
-  d.kernelCh.channelId = (uint8_t)ch;
-  d.kernelCh.pTimer = now_ns();
-  return ev_start(c, &d);
+/* A copy-engine collective (v6, NCCL 2.29+): CeColl with CeSync/CeBatch children, all on the
+ * application thread, started when the global mask asks for any CE event. */
+static void nccl_ce_call(struct hcomm *c, const char *func, const char *dtype, size_t count) {
+  if (API < 6 || !(mask_now() & (C4_EV_CE_COLL | C4_EV_CE_SYNC | C4_EV_CE_BATCH))) return;
+  struct ev e = {.type = C4_EV_CE_COLL, .rank = c->rank, .func = func, .dtype = dtype,
+                 .count = count, .sync = "MC"};
+  void *ce = nccl_start(c->ctx, &e);
+  if (ce != NULL) {
+    struct ev s = {.type = C4_EV_CE_SYNC, .parent = ce, .rank = c->rank};
+    if (mask_now() & C4_EV_CE_SYNC) nccl_stop(nccl_start(c->ctx, &s));
+    s.type = C4_EV_CE_BATCH;
+    s.count = count;
+    if (mask_now() & C4_EV_CE_BATCH) nccl_stop(nccl_start(c->ctx, &s));
+  }
+  nccl_stop(ce);
 }
 
 /* ------------------------------------------------------------------------- the receiver */
@@ -329,7 +588,9 @@ struct agg_peer {
   uint64_t bytes, steps, net, peerw, gpu;
 };
 struct agg {
-  int nmsgs, final_seen, last_has_inflight;
+  int nmsgs, final_seen, after_final, last_has_inflight;
+  uint32_t nranks, nnodes;
+  uint64_t ce_count, ce_bytes;
   uint64_t seq_started, seq_completed, dropped, entry_wait, entry_ops, dgram_drops;
   uint64_t colls, coll_bytes, coll_time, last_msg_seq;
   char func[C4W_NAME], algo[C4W_NAME], proto[C4W_NAME];
@@ -354,6 +615,7 @@ static int agg_one(struct view *v, void *arg) {
   const struct c4w_summary *s = v->sum;
   if (v->h->part == 0) {
     a->nmsgs++;
+    a->after_final += a->final_seen; /* a communicator says nothing after its final summary */
     CHECK(v->h->msg_seq > a->last_msg_seq, "msg_seq %" PRIu64 " after %" PRIu64, v->h->msg_seq,
           a->last_msg_seq);
     a->last_msg_seq = v->h->msg_seq;
@@ -366,6 +628,8 @@ static int agg_one(struct view *v, void *arg) {
   a->dgram_drops = v->h->dgram_drops;
   a->last_has_inflight = s->has_inflight;
   a->final_seen |= v->h->flags & C4W_FLAG_FINAL;
+  a->nranks = v->h->nranks;
+  a->nnodes = v->h->nnodes;
   for (int i = 0; i < s->ncolls; i++) {
     a->colls += v->colls[i].count;
     a->coll_bytes += v->colls[i].bytes;
@@ -373,6 +637,10 @@ static int agg_one(struct view *v, void *arg) {
     memcpy(a->func, v->colls[i].func, C4W_NAME);
     memcpy(a->algo, v->colls[i].algo, C4W_NAME);
     memcpy(a->proto, v->colls[i].proto, C4W_NAME);
+    if (!strcmp(v->colls[i].algo, "CE")) {
+      a->ce_count += v->colls[i].count;
+      a->ce_bytes += v->colls[i].bytes;
+    }
   }
   for (int i = 0; i < s->npeers; i++) {
     const struct c4w_peer *r = &v->peers[i];
@@ -418,14 +686,18 @@ static int wait_msg(int type, uint64_t hash, int rank, int (*fn)(struct view *, 
 
 struct phase {
   c4_nccl_state_t state;
-  int carries_size; /* transSize is reported with this state */
-  int gated;        /* waits for the peer to enter the op (credit or data from it) */
-  int network;      /* the phase a frozen step never leaves */
+  int sets_size; /* NCCL sets sub->transSize to this step's size as it enters this state */
+  int gated;     /* waits for the peer to enter the op (credit or data from it) */
+  int network;   /* the phase a frozen step never leaves */
+  int op_state;  /* v3: the ProxyOp state NCCL records with it */
 };
-static const struct phase SEND_PHASES[3] = {
-    {C4_ST_SEND_GPU_WAIT, 0, 0, 0}, {C4_ST_SEND_PEER_WAIT, 0, 1, 0}, {C4_ST_SEND_WAIT, 1, 0, 1}};
-static const struct phase RECV_PHASES[3] = {
-    {C4_ST_RECV_WAIT, 0, 1, 1}, {C4_ST_RECV_FLUSH_WAIT, 1, 0, 0}, {C4_ST_RECV_GPU_WAIT, 0, 0, 0}};
+/* net.cc: send = GPU wait, (v4+) peer credit, network; recv = network, flush, GPU. */
+static const struct phase SEND_V4[3] = {
+    {C4_ST_SEND_GPU_WAIT, 0, 0, 0, 0}, {C4_ST_SEND_PEER_WAIT, 0, 1, 0, 1}, {C4_ST_SEND_WAIT, 1, 0, 1, 2}};
+static const struct phase SEND_V3[2] = {
+    {C4_ST_SEND_GPU_WAIT, 0, 1, 0, 0}, {C4_ST_SEND_WAIT, 1, 0, 1, 2}};
+static const struct phase RECV[3] = {
+    {C4_ST_RECV_WAIT, 0, 1, 1, 4}, {C4_ST_RECV_FLUSH_WAIT, 1, 0, 0, 5}, {C4_ST_RECV_GPU_WAIT, 0, 0, 0, 6}};
 
 struct hstep {
   void *h;
@@ -433,18 +705,30 @@ struct hstep {
   uint64_t phase_start, deadline;
 };
 
-struct hop { /* one proxy op, as NCCL's proxy thread progresses it */
-  struct hcomm *comm;
-  struct hcomm *peer_comm; /* whose entry gates step 0 */
-  void *parent;
+enum { HOP_NET, HOP_KERNEL };
+
+struct hop { /* a proxy op (network) or a profiler proxy op (kernel channel) */
+  int kind;
+  struct hcomm *comm;      /* whose counters it advances */
+  struct hcomm *peer_comm; /* whose entry gates step 0; NULL: not gated */
+  void *ctx, *parent;      /* what NCCL passes: sub->profilerContext, sub->taskEventHandle */
+  pid_t pid;
+  int mask;                /* the task's activation mask */
   void *h;
   int peer, channel, is_send, nsteps, iter;
-  size_t chunk;
+  size_t chunk, sub_trans, cumulative;
+  const struct phase *ph;
+  int nph;
   uint64_t dur[3];
   int started, done, nwin;
   struct hstep win[WINDOW];
   int freeze_step;          /* -1: none */
   _Atomic int *freeze;      /* while nonzero, freeze_step stays in its network phase */
+  /* kernel */
+  uint64_t after;           /* kernels of this comm that end before this one starts */
+  uint64_t run_ns, t0;
+  uint64_t wait_net;        /* network ops of the comm that end before the kernel does */
+  _Atomic int *hang;        /* while nonzero, the kernel does not end */
   struct hop *next;
 };
 
@@ -457,16 +741,15 @@ static struct {
   pthread_t thread;
 } PX = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static const struct phase *phases(const struct hop *o) {
-  return o->is_send ? SEND_PHASES : RECV_PHASES;
-}
+/* Size of step k of an op: alternating, so that a stale transSize shows. */
+static size_t step_size(size_t chunk, int k) { return chunk - (size_t)(k % 2) * (chunk / 4); }
 
 static uint64_t phase_deadline(struct hop *o, struct hstep *s, int stepno) {
-  const struct phase *ph = &phases(o)[s->phase];
+  const struct phase *ph = &o->ph[s->phase];
   uint64_t from = s->phase_start;
   if (ph->network && stepno == o->freeze_step && o->freeze && atomic_load(o->freeze))
     return NEVER;
-  if (ph->gated) {
+  if (ph->gated && o->peer_comm != NULL) {
     if (atomic_load(&o->peer_comm->entered_it) < o->iter) return NEVER;
     uint64_t entered = atomic_load(&o->peer_comm->entered_ns);
     if (entered > from) from = entered;
@@ -475,18 +758,29 @@ static uint64_t phase_deadline(struct hop *o, struct hstep *s, int stepno) {
 }
 
 static void phase_begin(struct hop *o, struct hstep *s, int stepno, int phase) {
-  const struct phase *ph = &phases(o)[phase];
+  const struct phase *ph = &o->ph[phase];
   s->phase = phase;
-  ev_state(s->h, ph->state, ph->carries_size ? o->chunk : 0);
+  if (ph->sets_size) {
+    o->sub_trans = step_size(o->chunk, stepno);
+    o->cumulative += o->sub_trans;
+  }
+  nccl_op_state(o->h, (c4_nccl_state_t)ph->op_state, o->cumulative, stepno);
+  if (o->h != NULL) nccl_step_state(s->h, ph->state, o->sub_trans); /* needs opEventHandle */
   s->phase_start = now_ns(); /* after the plugin's timestamp: it sees at least the duration */
   s->deadline = phase_deadline(o, s, stepno);
 }
 
-/* Advances one hop; returns 1 when all its steps are done. */
-static int hop_progress(struct hop *o, uint64_t now, uint64_t *next) {
+static void *step_begin(struct hop *o, int stepno) {
+  if (!WANTS_STEP(o->mask)) return NULL;
+  struct ev e = {.type = C4_EV_PROXY_STEP, .parent = o->h, .rank = o->comm->rank, .step = stepno};
+  return nccl_start(o->ctx, &e);
+}
+
+/* Advances one network hop; returns 1 when all its steps are done. */
+static int net_progress(struct hop *o, uint64_t now, uint64_t *next) {
   while (o->nwin < WINDOW && o->started < o->nsteps) {
     struct hstep *s = &o->win[o->nwin++];
-    s->h = start_step(o->comm, o->h, o->started);
+    s->h = step_begin(o, o->started);
     phase_begin(o, s, o->started, 0);
     o->started++;
     atomic_store(&o->comm->last_event_ns, now);
@@ -499,11 +793,12 @@ static int hop_progress(struct hop *o, uint64_t now, uint64_t *next) {
       if (s->deadline < *next) *next = s->deadline;
       continue;
     }
-    if (s->phase < 2) {
+    if (s->phase < o->nph - 1) {
       phase_begin(o, s, stepno, s->phase + 1);
       if (s->deadline < *next) *next = s->deadline;
     } else if (i == 0) { /* steps complete in order */
-      P5->stopEvent(s->h);
+      nccl_stop(s->h);
+      nccl_op_state(o->h, o->is_send ? 3 : 7, o->cumulative, stepno); /* v3: Send/RecvDone */
       memmove(&o->win[0], &o->win[1], (size_t)(o->nwin - 1) * sizeof o->win[0]);
       o->nwin--;
       o->done++;
@@ -517,25 +812,60 @@ static int hop_progress(struct hop *o, uint64_t now, uint64_t *next) {
   return o->done == o->nsteps;
 }
 
+/* A kernel channel: starts when the kernels before it on the stream ended, ends after its
+ * run time and its communicator's network ops (unless it hangs). */
+static int kernel_progress(struct hop *o, uint64_t now, uint64_t *next) {
+  if (!o->started) {
+    if (o->comm->kern_done < o->after) return 0; /* read under PX.mu by the caller */
+    o->started = 1;
+    o->t0 = now;
+    if (o->mask & C4_EV_KERNEL_CH) {
+      struct ev e = {.type = C4_EV_KERNEL_CH, .parent = o->parent, .channel = o->channel};
+      o->h = nccl_start(o->ctx, &e);
+    }
+  }
+  if ((o->hang && atomic_load(o->hang)) || o->comm->net_done < o->wait_net) return 0;
+  if (now < o->t0 + o->run_ns) {
+    if (o->t0 + o->run_ns < *next) *next = o->t0 + o->run_ns;
+    return 0;
+  }
+  nccl_kch_end(o->h);
+  return 1;
+}
+
 static void *proxy_run(void *arg) {
   (void)arg;
-  struct hop *active = NULL;
+  struct hop *active = NULL, **tail = &active;
   pthread_mutex_lock(&PX.mu);
   while (!PX.quit) {
-    while (PX.queue) { /* ProxyOps start when the proxy thread picks them up */
+    while (PX.queue) { /* in posting order; ProxyOps start when the proxy thread takes them */
       struct hop *o = PX.queue;
       PX.queue = o->next;
-      o->h = start_proxy_op(o->comm, o->parent, o->peer, o->channel, o->is_send, o->nsteps);
-      o->next = active;
-      active = o;
+      o->next = NULL;
+      *tail = o;
+      tail = &o->next;
+      if (o->kind == HOP_NET && WANTS_OP(o->mask)) {
+        struct ev e = {.type = C4_EV_PROXY_OP, .parent = o->parent, .rank = o->comm->rank,
+                       .pid = o->pid, .channel = o->channel, .peer = o->peer,
+                       .nsteps = o->nsteps, .is_send = o->is_send};
+        o->h = nccl_start(o->ctx, &e);
+        nccl_op_state(o->h, C4_ST_PROXY_OP_IN_PROGRESS, 0, 0);
+      }
     }
-    pthread_mutex_unlock(&PX.mu);
-    uint64_t now = now_ns(), next = now + 50 * MS;
+    uint64_t now = now_ns(), next = now + 5 * MS;
     struct hop *finished = NULL;
     for (struct hop **pp = &active; *pp;) {
       struct hop *o = *pp;
-      if (hop_progress(o, now, &next)) {
-        P5->stopEvent(o->h);
+      int fin;
+      if (o->kind == HOP_KERNEL) {
+        fin = kernel_progress(o, now, &next);
+      } else {
+        pthread_mutex_unlock(&PX.mu);
+        fin = net_progress(o, now, &next);
+        if (fin) nccl_stop(o->h);
+        pthread_mutex_lock(&PX.mu);
+      }
+      if (fin) {
         *pp = o->next;
         o->next = finished;
         finished = o;
@@ -543,12 +873,16 @@ static void *proxy_run(void *arg) {
         pp = &o->next;
       }
     }
-    pthread_mutex_lock(&PX.mu);
+    for (tail = &active; *tail; tail = &(*tail)->next) {
+    }
     while (finished) {
       struct hop *o = finished;
       finished = o->next;
       o->comm->hops_done++;
+      if (o->kind == HOP_NET) o->comm->net_done++;
+      else o->comm->kern_done++;
       free(o);
+      next = now; /* a kernel may wait for it */
       pthread_cond_broadcast(&PX.done_cv);
     }
     if (!PX.queue && !PX.quit && next > now_ns()) {
@@ -563,8 +897,10 @@ static void *proxy_run(void *arg) {
 
 static void proxy_post(struct hop *o) {
   pthread_mutex_lock(&PX.mu);
-  o->next = PX.queue;
-  PX.queue = o;
+  struct hop **pp = &PX.queue;
+  while (*pp) pp = &(*pp)->next;
+  o->next = NULL;
+  *pp = o;
   pthread_cond_signal(&PX.cv);
   pthread_mutex_unlock(&PX.mu);
 }
@@ -593,11 +929,43 @@ static void proxy_stop(void) {
   pthread_join(PX.thread, NULL);
 }
 
+/* A network proxy op of communicator c (sub->pid = this process). */
+static struct hop *net_hop(struct hcomm *c, struct call *k, int peer, int ch, int is_send,
+                           int nsteps, size_t chunk) {
+  struct hop *o = calloc(1, sizeof *o);
+  o->kind = HOP_NET;
+  o->comm = c;
+  o->ctx = c->ctx;
+  o->parent = k->coll;
+  o->mask = k->mask;
+  o->pid = self_pid;
+  o->peer = peer;
+  o->channel = ch;
+  o->is_send = is_send;
+  o->nsteps = nsteps;
+  o->chunk = chunk;
+  o->ph = is_send ? (API == 3 ? SEND_V3 : SEND_V4) : RECV;
+  o->nph = is_send && API == 3 ? 2 : 3;
+  o->freeze_step = -1;
+  return o;
+}
+
+static struct hop *kernel_hop(struct hcomm *c, struct call *k, int ch) {
+  struct hop *o = calloc(1, sizeof *o);
+  o->kind = HOP_KERNEL;
+  o->comm = c;
+  o->ctx = c->ctx;
+  o->parent = k->coll;
+  o->mask = k->mask;
+  o->channel = ch;
+  return o;
+}
+
 /* ------------------------------------------------------ a ring AllReduce over N ranks */
 
 struct ring {
   uint64_t hash;
-  int nranks, nchan, nsteps;
+  int nranks, nnodes, nchan, nsteps;
   size_t chunk, count;
   uint64_t gpu_ns, peer_ns, net_ns, flush_ns;
   int slow_src, slow_factor; /* link slow_src -> slow_src+1 is slow_factor times slower */
@@ -607,38 +975,36 @@ struct ring {
   int hang_rank;             /* skipped by ring_begin: never enters the op */
   _Atomic int freeze;
   struct hcomm comms[MAX_RANKS];
-  void *colls[MAX_RANKS], *kch[MAX_RANKS][MAX_CHANNELS];
-  uint64_t coll_t0[MAX_RANKS];
+  struct call calls[MAX_RANKS];
   uint64_t op_ns[MAX_RANKS];      /* harness-measured: before Coll start to after completion */
   uint64_t enqueue_ns[MAX_RANKS]; /* Coll start to Coll stop */
-  uint64_t posted[MAX_RANKS];     /* proxy ops posted */
+  uint64_t posted[MAX_RANKS];     /* proxy ops posted, kernel channels included */
+  uint64_t net_posted[MAX_RANKS];
   int iters;
 };
 
 static void ring_init(struct ring *r) {
-  for (int i = 0; i < r->nranks; i++) comm_init(&r->comms[i], r->hash, i, r->nranks, 2);
+  for (int i = 0; i < r->nranks; i++)
+    comm_init(&r->comms[i], r->hash, i, r->nranks, r->nnodes);
+}
+
+/* Bytes one connection of the ring carries per op. */
+static uint64_t ring_op_bytes(const struct ring *r) {
+  uint64_t b = 0;
+  for (int k = 0; k < r->nsteps; k++) b += step_size(r->chunk, k);
+  return b;
 }
 
 static struct hop *ring_hop(struct ring *r, int rank, int ch, int is_send, int it) {
-  struct hop *o = calloc(1, sizeof *o);
-  int n = r->nranks;
-  o->comm = &r->comms[rank];
-  o->peer = is_send ? (rank + 1) % n : (rank + n - 1) % n;
-  o->peer_comm = &r->comms[o->peer];
-  o->parent = r->colls[rank];
-  o->channel = ch;
-  o->is_send = is_send;
-  o->nsteps = r->nsteps;
+  int n = r->nranks, peer = is_send ? (rank + 1) % n : (rank + n - 1) % n;
+  struct hop *o = net_hop(&r->comms[rank], &r->calls[rank], peer, ch, is_send, r->nsteps, r->chunk);
+  o->peer_comm = &r->comms[peer];
   o->iter = it;
-  o->chunk = r->chunk;
-  int src = is_send ? rank : o->peer;
+  int src = is_send ? rank : peer;
   uint64_t net = r->net_ns * (src == r->slow_src ? (uint64_t)r->slow_factor : 1);
-  if (is_send) {
-    o->dur[0] = r->gpu_ns, o->dur[1] = r->peer_ns, o->dur[2] = net;
-  } else {
-    o->dur[0] = net, o->dur[1] = r->flush_ns, o->dur[2] = r->gpu_ns;
-  }
-  o->freeze_step = -1;
+  if (!is_send) o->dur[0] = net, o->dur[1] = r->flush_ns, o->dur[2] = r->gpu_ns;
+  else if (API == 3) o->dur[0] = r->gpu_ns + r->peer_ns, o->dur[1] = net;
+  else o->dur[0] = r->gpu_ns, o->dur[1] = r->peer_ns, o->dur[2] = net;
   if (rank == r->stall_rank && !is_send && ch == 0) {
     o->freeze_step = 3 < r->nsteps ? 3 : 0;
     o->freeze = &r->freeze;
@@ -646,22 +1012,27 @@ static struct hop *ring_hop(struct ring *r, int rank, int ch, int is_send, int i
   return o;
 }
 
-/* The application side of one op on rank i: Coll start, proxy ops posted, KernelCh per
- * channel, Coll stop ("enqueued"). Completion comes later, from the proxy thread. */
+/* The application side of one op on rank i (Coll started and stopped: enqueued), then what
+ * the proxy thread sees: a ProxyOp per channel and direction, a KernelCh per channel that
+ * ends when the rank's proxy ops have. */
 static void ring_begin_rank(struct ring *r, int i, int it) {
   struct hcomm *c = &r->comms[i];
-  r->coll_t0[i] = now_ns();
-  r->colls[i] = start_coll(c, (uint64_t)it, r->count, r->nchan);
-  atomic_store(&c->entered_ns, now_ns());
+  uint64_t t0 = now_ns();
+  r->calls[i] = nccl_call(c, "AllReduce", "ncclFloat32", r->count, 0, -1);
   atomic_store(&c->entered_it, it);
+  r->calls[i].t_start = t0;
+  r->enqueue_ns[i] += r->calls[i].t_stop - t0;
   for (int ch = 0; ch < r->nchan; ch++) {
     proxy_post(ring_hop(r, i, ch, 1, it));
     proxy_post(ring_hop(r, i, ch, 0, it));
-    r->kch[i][ch] = start_kch(c, r->colls[i], ch);
   }
-  r->posted[i] += (uint64_t)(2 * r->nchan);
-  P5->stopEvent(r->colls[i]);
-  r->enqueue_ns[i] += now_ns() - r->coll_t0[i];
+  r->net_posted[i] += (uint64_t)(2 * r->nchan);
+  for (int ch = 0; ch < r->nchan; ch++) {
+    struct hop *k = kernel_hop(c, &r->calls[i], ch);
+    k->wait_net = r->net_posted[i];
+    proxy_post(k);
+  }
+  r->posted[i] += (uint64_t)(3 * r->nchan);
 }
 
 static void ring_begin(struct ring *r, int it) {
@@ -673,15 +1044,10 @@ static void ring_begin(struct ring *r, int it) {
   }
 }
 
-/* The kernel of rank i ends when its proxy ops have. */
+/* The op of rank i is over when its kernel channels have ended. */
 static void ring_end_rank(struct ring *r, int i) {
   proxy_wait(&r->comms[i], r->posted[i]);
-  for (int ch = 0; ch < r->nchan; ch++) {
-    c4_nccl_state_args_t a = {.kernelCh = {now_ns()}};
-    P5->recordEventState(r->kch[i][ch], C4_ST_KERNEL_CH_STOP, &a);
-    P5->stopEvent(r->kch[i][ch]);
-  }
-  r->op_ns[i] += now_ns() - r->coll_t0[i];
+  r->op_ns[i] += now_ns() - r->calls[i].t_start;
 }
 
 static void ring_end(struct ring *r) {
@@ -690,13 +1056,14 @@ static void ring_end(struct ring *r) {
 }
 
 static void ring_finalize(struct ring *r) {
-  for (int i = 0; i < r->nranks; i++) P5->finalize(r->comms[i].ctx);
+  for (int i = 0; i < r->nranks; i++) nccl_finalize(r->comms[i].ctx);
 }
 
 static void ring_defaults(struct ring *r, uint64_t hash) {
   memset(r, 0, sizeof *r);
   r->hash = hash;
   r->nranks = 8;
+  r->nnodes = 2;
   r->nchan = 2;
   r->nsteps = 8;
   r->chunk = 512 * 1024;
@@ -717,10 +1084,10 @@ static int is_final(struct view *v, void *arg) {
   return v->h->flags & C4W_FLAG_FINAL;
 }
 
-/* Waits for the final summary (sent by finalize) of ranks [first, first + n). */
+/* Waits for the final summary (sent after finalize) of ranks [first, first + n). */
 static void wait_finals(uint64_t hash, int first, int n) {
   for (int i = first; i < first + n; i++)
-    CHECK(wait_msg(C4W_SUMMARY, hash, i, is_final, NULL, 1000 * MS),
+    CHECK(wait_msg(C4W_SUMMARY, hash, i, is_final, NULL, 2000 * MS),
           "no final summary from rank %d", i);
 }
 
@@ -744,10 +1111,35 @@ static int capture_final(struct view *v, void *arg) {
   return 0;
 }
 
-static void scenario_normal(void) {
+static const struct release *release_named(const char *name) {
+  for (int i = 0; i < NRELEASES; i++)
+    if (!strcmp(RELEASES[i].name, name)) return &RELEASES[i];
+  return NULL;
+}
+
+/* Loads `r` as NCCL would; 0 (and a failure) if the plugin offers nothing it takes. */
+static int use(const struct release *r) {
+  int v = nccl_load(r);
+  return CHECK(v == r->api, "NCCL %s loads ncclProfiler_v%d, wants v%d", r->name, API, r->api);
+}
+
+/* The loader of every release finds the version it knows best. */
+static void scenario_loader(void) {
+  for (int i = 0; i < NRELEASES; i++) {
+    nccl_load(&RELEASES[i]);
+    CHECK(API == RELEASES[i].api && PNAME != NULL && !strcmp(PNAME, "c4"),
+          "NCCL %s: found ncclProfiler_v%d (wants v%d)", RELEASES[i].name, API, RELEASES[i].api);
+    printf("loader: NCCL %s loads ncclProfiler_v%d\n", RELEASES[i].name, API);
+  }
+}
+
+/* A ring AllReduce through one release: exact bytes and steps per connection, wait times,
+ * ordinals, completion at the kernel's end and not at Coll stop. */
+static void run_release(const struct release *rel, uint64_t hash, int nranks, int iters) {
+  if (!use(rel)) return;
   struct ring r;
-  ring_defaults(&r, 0xc4a11ed000000001ull);
-  int iters = 40;
+  ring_defaults(&r, hash);
+  r.nranks = nranks;
   ring_init(&r);
   for (int it = 0; it < iters; it++) {
     ring_begin(&r, it);
@@ -756,49 +1148,420 @@ static void scenario_normal(void) {
   sleep_ns(2 * INTERVAL_MS * MS); /* at least one periodic summary before finalize */
   ring_finalize(&r);
   wait_finals(r.hash, 0, r.nranks);
-  uint64_t steps = (uint64_t)iters * (uint64_t)r.nsteps, bytes = steps * r.chunk;
+  uint64_t steps = (uint64_t)iters * (uint64_t)r.nsteps, bytes = iters * ring_op_bytes(&r);
   for (int i = 0; i < r.nranks; i++) {
     struct agg *a = aggregate(r.hash, i);
     CHECK(a->nmsgs >= 2, "rank %d: %d summaries", i, a->nmsgs);
+    /* v3 learns the size from the ranks it sees: a lower bound */
+    CHECK(API == 3 ? a->nranks > (uint32_t)i && a->nranks <= (uint32_t)r.nranks && a->nnodes == 0
+                   : a->nranks == (uint32_t)r.nranks && a->nnodes == (uint32_t)r.nnodes,
+          "rank %d: nranks %u nnodes %u", i, a->nranks, a->nnodes);
     CHECK(a->seq_started == (uint64_t)iters && a->seq_completed == (uint64_t)iters,
           "rank %d: seq %" PRIu64 "/%" PRIu64, i, a->seq_started, a->seq_completed);
     CHECK(a->colls == (uint64_t)iters && a->coll_bytes == (uint64_t)iters * r.count * 4,
           "rank %d: %" PRIu64 " colls, %" PRIu64 " bytes", i, a->colls, a->coll_bytes);
-    CHECK(!strcmp(a->func, "AllReduce") && !strcmp(a->algo, "Ring") && !strcmp(a->proto, "Simple"),
+    CHECK(!strcmp(a->func, "AllReduce") && !strcmp(a->algo, "RING") && !strcmp(a->proto, "SIMPLE"),
           "rank %d: %s/%s/%s", i, a->func, a->algo, a->proto);
-    /* Completion is the last child's stop, not Coll stop (enqueue). */
+    /* Completion is the kernel's end, not Coll stop (enqueue). */
     CHECK(a->coll_time <= r.op_ns[i] && a->coll_time >= r.op_ns[i] * 8 / 10,
           "rank %d: coll time %" PRIu64 " ns, harness measured %" PRIu64, i, a->coll_time,
           r.op_ns[i]);
     CHECK(a->coll_time > 20 * r.enqueue_ns[i], "rank %d: coll time %" PRIu64 " vs enqueue %" PRIu64,
           i, a->coll_time, r.enqueue_ns[i]);
     CHECK(a->entry_ops == (uint64_t)iters, "rank %d: entry_ops %" PRIu64, i, a->entry_ops);
-    CHECK(a->dropped == 0 && !a->last_has_inflight, "rank %d: dropped %" PRIu64, i, a->dropped);
+    CHECK(a->dropped == 0 && !a->last_has_inflight && a->after_final == 0,
+          "rank %d: dropped %" PRIu64 ", %d summaries after the final", i, a->dropped,
+          a->after_final);
     CHECK(a->npeers == 2 * r.nchan, "rank %d: %d connections", i, a->npeers);
     for (int k = 0; k < a->npeers; k++) {
       struct agg_peer *p = &a->peers[k];
       int want = p->dir == C4W_SEND ? (i + 1) % r.nranks : (i + r.nranks - 1) % r.nranks;
       CHECK((int)p->peer == want && p->channel < r.nchan, "rank %d: unexpected peer %u ch %u",
             i, p->peer, p->channel);
-      CHECK(p->bytes == bytes && p->steps == steps, "rank %d peer %u: %" PRIu64 " bytes %" PRIu64
-            " steps", i, p->peer, p->bytes, p->steps);
+      CHECK(p->bytes == bytes && p->steps == steps, "rank %d peer %u dir %u: %" PRIu64
+            " bytes (want %" PRIu64 ") %" PRIu64 " steps", i, p->peer, p->dir, p->bytes, bytes,
+            p->steps);
       double net = ratio(p->net, steps * r.net_ns);
       CHECK(net >= 0.99 && net < 5, "rank %d peer %u dir %u: net wait %.2fx nominal", i, p->peer,
             p->dir, net);
-      uint64_t gpu = p->dir == C4W_SEND ? r.gpu_ns : r.gpu_ns + r.flush_ns;
+      /* v3 has no SendPeerWait: the credit wait is part of SendGPUWait */
+      uint64_t gpu = p->dir == C4W_RECV ? r.gpu_ns + r.flush_ns
+                                        : r.gpu_ns + (API == 3 ? r.peer_ns : 0);
       CHECK(p->gpu >= steps * gpu, "rank %d: gpu wait %" PRIu64, i, p->gpu);
-      CHECK(p->dir == C4W_RECV ? p->peerw == 0 : p->peerw >= steps * r.peer_ns,
+      CHECK(p->dir == C4W_RECV || API == 3 ? p->peerw == 0 : p->peerw >= steps * r.peer_ns,
             "rank %d: peer wait %" PRIu64, i, p->peerw);
     }
   }
-  if (capture_dir) {
+  if (capture_dir && rel == NEWEST) {
     each_msg(C4W_SUMMARY, r.hash, 3, capture_first, "summary.bin");
     each_msg(C4W_SUMMARY, r.hash, 3, capture_final, "summary_final.bin");
   }
-  struct agg *a = aggregate(r.hash, 3);
-  printf("normal: %d ranks x %d ops, rank 3: %.2f ms/op (harness %.2f), net %.3f ms/step, "
-         "entry %.3f ms/op\n", r.nranks, iters, a->coll_time / 1e6 / iters, r.op_ns[3] / 1e6 / iters,
-         a->peers[0].net / 1e6 / steps, a->entry_wait / 1e6 / (a->entry_ops ? a->entry_ops : 1));
+  struct agg *a = aggregate(r.hash, 0);
+  printf("NCCL %s (v%d): %d ranks x %d ops, rank 0: %.2f ms/op (harness %.2f), entry %.3f ms/op\n",
+         rel->name, API, r.nranks, iters, a->coll_time / 1e6 / iters, r.op_ns[0] / 1e6 / iters,
+         a->entry_wait / 1e6 / (a->entry_ops ? a->entry_ops : 1));
+}
+
+/* One op of a single-node communicator: Coll, then one kernel channel on the proxy thread
+ * that starts when the stream's earlier kernels ended. */
+static void kernel_op(struct hcomm *c, const char *func, const char *dtype, size_t count,
+                      uint64_t run_ns, _Atomic int *hang, uint64_t *posted) {
+  struct call k = nccl_call(c, func, dtype, count, 0, -1);
+  struct hop *o = kernel_hop(c, &k, 0);
+  o->after = (*posted)++;
+  o->run_ns = run_ns;
+  o->hang = hang;
+  proxy_post(o);
+}
+
+/* Datatype names as each release's ncclDatatypeToString writes them: 2.26 - 2.30 write
+ * "Unknown" for ncclUint8. */
+static void scenario_datatypes(void) {
+  for (int i = 0; i < NRELEASES; i++) {
+    if (!use(&RELEASES[i])) continue;
+    struct hcomm c;
+    uint64_t posted = 0, hash = 0xc4a11ed0000d0000ull + (uint64_t)i;
+    comm_init(&c, hash, 0, 2, 1);
+    kernel_op(&c, "AllGather", "Unknown", 1000, 0, NULL, &posted);
+    kernel_op(&c, "AllGather", "ncclFloat8e4m3", 10, 0, NULL, &posted);
+    kernel_op(&c, "AllGather", "ncclBfloat16", 100, 0, NULL, &posted);
+    proxy_wait(&c, posted);
+    nccl_finalize(c.ctx);
+    wait_finals(hash, 0, 1);
+    struct agg *a = aggregate(hash, 0);
+    CHECK(a->colls == 3 && a->coll_bytes == 1000 + 10 + 200,
+          "NCCL %s: %" PRIu64 " ops, %" PRIu64 " bytes (ncclUint8 arrives as \"Unknown\")",
+          RELEASES[i].name, a->colls, a->coll_bytes);
+  }
+  printf("datatypes: ncclUint8 (\"Unknown\") counts 1 byte per element on 2.26 - 2.30\n");
+}
+
+static int stall_after(struct view *v, void *arg) { return v->t_ns >= *(uint64_t *)arg; }
+
+/* v6 copy-engine collectives count as collectives, complete when enqueued, and are not
+ * progress: a stalled network op is still reported while they run. */
+static void scenario_ce(void) {
+  if (!use(NEWEST)) return; /* copy-engine events exist from v6 on */
+  struct ring r;
+  ring_defaults(&r, 0xc4a11ed0000ce000ull);
+  r.nranks = 2;
+  r.stall_rank = 1;
+  ring_init(&r);
+  int it = 0;
+  for (; it < 5; it++) {
+    ring_begin(&r, it);
+    ring_end(&r);
+    for (int i = 0; i < r.nranks; i++) nccl_ce_call(&r.comms[i], "AllGather", "ncclBfloat16", 4096);
+  }
+  uint64_t begin = now_ns();
+  atomic_store(&r.freeze, 1);
+  ring_begin(&r, it);
+  while (now_ns() - begin < 3 * STALL_MS * MS) { /* CE collectives while rank 1 is stuck */
+    nccl_ce_call(&r.comms[1], "AllGather", "ncclBfloat16", 4096);
+    sleep_ns(20 * MS);
+  }
+  CHECK(wait_msg(C4W_STALLED, r.hash, 1, stall_after, &begin, 100 * MS),
+        "no stalled message from rank 1 while copy-engine collectives completed");
+  atomic_store(&r.freeze, 0);
+  ring_end(&r);
+  ring_finalize(&r);
+  wait_finals(r.hash, 0, r.nranks);
+  struct agg *a = aggregate(r.hash, 0);
+  CHECK(a->ce_count == 5 && a->ce_bytes == 5 * 4096 * 2 && a->seq_started == 11 &&
+            a->seq_completed == 11,
+        "rank 0: %" PRIu64 " CE ops, %" PRIu64 " bytes, seq %" PRIu64 "/%" PRIu64, a->ce_count,
+        a->ce_bytes, a->seq_started, a->seq_completed);
+  a = aggregate(r.hash, 1);
+  CHECK(a->ce_count >= 10 && a->seq_started == a->seq_completed, "rank 1: %" PRIu64 " CE ops",
+        a->ce_count);
+  printf("ce: copy-engine AllGathers counted (rank 1: %" PRIu64 "), a stall still reported\n",
+         a->ce_count);
+}
+
+/* PXN: this process's proxy thread runs a proxy op another process created: its pid, parent
+ * and context are the other process's. Unmapped, or mapped to something else of ours. */
+static void pxn(int mapped) {
+  long page = sysconf(_SC_PAGESIZE);
+  char *hole = mmap(NULL, (size_t)page * 4, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  for (int i = 0; i < NRELEASES; i++) {
+    if (!use(&RELEASES[i])) continue;
+    struct hcomm a, other;
+    uint64_t hash = 0xc4a11ed000d00000ull + (uint64_t)(mapped << 8 | i);
+    comm_init(&a, hash, 0, 2, 2);
+    memset(&other, 0, sizeof other);
+    struct call k = nccl_call(&a, "AllReduce", "ncclFloat32", 4096, 0, -1);
+    struct hop *x = net_hop(&other, &k, 1, 7, 1, 4, 4096);
+    x->pid = self_pid + 1; /* the process that created it */
+    x->ctx = mapped ? a.ctx : hole + page;
+    x->parent = mapped ? k.coll : hole + 2 * page;
+    x->dur[0] = x->dur[1] = x->dur[2] = 20 * US;
+    proxy_post(x);
+    struct hop *own = net_hop(&a, &k, 1, 0, 1, 4, 4096);
+    own->dur[0] = own->dur[1] = own->dur[2] = 20 * US;
+    proxy_post(own);
+    struct hop *kern = kernel_hop(&a, &k, 0);
+    kern->wait_net = 1;
+    proxy_post(kern);
+    proxy_wait(&a, 2);
+    proxy_wait(&other, 1);
+    nccl_finalize(a.ctx);
+    wait_finals(hash, 0, 1);
+    struct agg *g = aggregate(hash, 0);
+    CHECK(g->npeers == 1 && g->peers[0].channel == 0 && g->peers[0].steps == 4 &&
+              g->seq_completed == 1 && g->dropped == 0,
+          "NCCL %s: %d connections (channel %u, %" PRIu64 " steps), %" PRIu64 " completed: "
+          "another process's proxy op was counted", RELEASES[i].name, g->npeers,
+          g->npeers ? g->peers[0].channel : 0, g->npeers ? g->peers[0].steps : 0,
+          g->seq_completed);
+  }
+  munmap(hole, (size_t)page * 4);
+  printf("pxn-%s: proxy ops of another process ignored\n", mapped ? "mapped" : "unmapped");
+}
+
+static void scenario_pxn_unmapped(void) { pxn(0); }
+static void scenario_pxn_mapped(void) { pxn(1); }
+
+/* nnodes == 1: no network, only kernel channels, which start after the Coll stopped; kernels
+ * of 2 ms, then one that hangs. */
+static void scenario_single_node(void) {
+  const struct release *rels[2] = {&RELEASES[0], MAIN_REL};
+  for (int ri = 0; ri < 2; ri++) {
+    if (!use(rels[ri])) continue;
+    struct hcomm c;
+    uint64_t hash = 0xc4a11ed0005e0000ull + (uint64_t)ri, posted = 0;
+    const int n = 50;
+    comm_init(&c, hash, 0, 2, 1);
+    for (int b = 0; b < n; b += 5) { /* the host runs ahead of the GPU by 5 ops */
+      for (int i = 0; i < 5; i++) kernel_op(&c, "AllReduce", "ncclFloat32", 1 << 20, 2 * MS, NULL, &posted);
+      proxy_wait(&c, posted);
+    }
+    sleep_ns(2 * INTERVAL_MS * MS);
+    struct agg *a = aggregate(hash, 0);
+    CHECK(a->seq_started == (uint64_t)n && a->seq_completed == (uint64_t)n && a->colls == (uint64_t)n,
+          "NCCL %s: %" PRIu64 " started, %" PRIu64 " completed, %" PRIu64 " in colls of %d",
+          rels[ri]->name, a->seq_started, a->seq_completed, a->colls, n);
+    CHECK(a->coll_time / (uint64_t)n >= 19 * MS / 10, "NCCL %s: mean duration %.3f ms, kernels 2 ms",
+          rels[ri]->name, a->coll_time / 1e6 / n);
+    _Atomic int hang = 1;
+    uint64_t begin = now_ns();
+    kernel_op(&c, "AllReduce", "ncclFloat32", 1 << 20, 2 * MS, &hang, &posted);
+    CHECK(wait_msg(C4W_STALLED, hash, 0, stall_after, &begin, 3000 * MS),
+          "NCCL %s: a kernel that hangs on a single node is not reported", rels[ri]->name);
+    atomic_store(&hang, 0);
+    proxy_wait(&c, posted);
+    nccl_finalize(c.ctx);
+    wait_finals(hash, 0, 1);
+    a = aggregate(hash, 0);
+    CHECK(a->seq_completed == (uint64_t)n + 1, "NCCL %s: %" PRIu64 " completed after the hang",
+          rels[ri]->name, a->seq_completed);
+  }
+  printf("single-node: 50 kernels of 2 ms complete at their end; a hung kernel is reported\n");
+}
+
+/* The activation mask is NCCL's one process-wide variable: while communicator A enqueues
+ * collectives, B initialises again and again, and one init fails. */
+struct mask_run {
+  struct hcomm *a;
+  _Atomic int stop;
+  int calls, lost;
+  uint64_t posted;
+};
+
+static void *mask_caller(void *arg) {
+  struct mask_run *m = arg;
+  while (!atomic_load(&m->stop)) {
+    struct call k = nccl_call(m->a, "AllReduce", "ncclFloat32", 256, 0, -1);
+    m->calls++;
+    m->lost += k.coll == NULL;
+    struct hop *o = kernel_hop(m->a, &k, 0);
+    proxy_post(o);
+    m->posted++;
+    sleep_ns(20 * US);
+  }
+  return NULL;
+}
+
+static void scenario_mask(void) {
+  if (!use(MAIN_REL)) return;
+  struct hcomm a;
+  uint64_t hash = 0xc4a11ed000a50000ull;
+  comm_init(&a, hash, 0, 2, 1);
+  int final_mask = mask_now();
+  struct mask_run m = {.a = &a};
+  pthread_t t;
+  pthread_create(&t, NULL, mask_caller, &m);
+  for (int i = 0; i < 200; i++) {
+    void *b = NULL;
+    nccl_init(&b, hash + 1, 1, 4, i % 4);
+    nccl_finalize(b);
+  }
+  void *bad = NULL;
+  int warns = warn_lines;
+  nccl_init(&bad, hash + 2, 1, 4, 9); /* rank 9 of 4: refused */
+  CHECK(bad == NULL && warn_lines == warns + 1, "bad init: context %p", bad);
+  sleep_ns(30 * MS); /* A keeps enqueuing after the failed init */
+  atomic_store(&m.stop, 1);
+  pthread_join(t, NULL);
+  CHECK(m.lost == 0, "%d of %d collectives of A not seen while other communicators initialised",
+        m.lost, m.calls);
+  CHECK(mask_now() == final_mask, "mask %#x after a failed init, was %#x", mask_now(), final_mask);
+  proxy_wait(&a, m.posted);
+  nccl_finalize(a.ctx);
+  wait_finals(hash, 0, 1);
+  struct agg *g = aggregate(hash, 0);
+  CHECK(g->seq_started == (uint64_t)m.calls, "A: %" PRIu64 " started of %d", g->seq_started,
+        m.calls);
+  printf("mask: %d collectives of A during 200 inits of B and a failed one, none lost\n", m.calls);
+}
+
+/* A context initialised twice, two live contexts for one (comm, rank), a context reused for
+ * another communicator: one stream of summaries per (comm, rank), nothing leaks. */
+static void scenario_init_twice(void) {
+  if (!use(MAIN_REL)) return;
+  uint64_t h1 = 0xc4a11ed000170001ull, h2 = h1 + 1, h3 = h1 + 2, h4 = h1 + 3;
+  struct hcomm c;
+  memset(&c, 0, sizeof c);
+  c.hash = h1;
+  c.nranks = 2;
+  nccl_init(&c.ctx, h1, 1, 2, 0);
+  void *first = c.ctx;
+  nccl_init(&c.ctx, h1, 1, 2, 0);
+  CHECK(c.ctx == first, "init into the same context made a new one");
+  uint64_t posted = 0;
+  for (int i = 0; i < 3; i++) kernel_op(&c, "AllReduce", "ncclFloat32", 256, 0, NULL, &posted);
+  proxy_wait(&c, posted);
+  sleep_ns(2 * INTERVAL_MS * MS);
+  nccl_finalize(c.ctx);
+  wait_finals(h1, 0, 1);
+  sleep_ns(3 * INTERVAL_MS * MS); /* a leaked communicator would keep sending */
+  struct agg *a = aggregate(h1, 0);
+  CHECK(a->after_final == 0 && a->seq_completed == 3, "h1: %d summaries after the final, %" PRIu64
+        " completed", a->after_final, a->seq_completed);
+
+  void *x = NULL, *y = NULL;
+  int warns = warn_lines;
+  nccl_init(&x, h2, 1, 2, 0);
+  nccl_init(&y, h2, 1, 2, 0); /* another communicator object, same (comm, rank) */
+  CHECK(x != NULL && y == NULL && warn_lines == warns + 1,
+        "second live context for one (comm, rank): %p %p", x, y);
+  sleep_ns(3 * INTERVAL_MS * MS);
+  nccl_finalize(y);
+  nccl_finalize(x);
+  wait_finals(h2, 0, 1);
+  a = aggregate(h2, 0); /* agg_one checks that msg_seq only grows */
+  CHECK(a->nmsgs >= 3 && a->after_final == 0, "h2: %d summaries, %d after the final", a->nmsgs,
+        a->after_final);
+
+  void *z = NULL;
+  nccl_init(&z, h3, 1, 2, 0);
+  nccl_init(&z, h4, 1, 2, 1); /* the slot now holds another communicator */
+  wait_finals(h3, 0, 1);      /* the first one was finalized, not leaked */
+  nccl_finalize(z);
+  wait_finals(h4, 1, 1);
+  printf("init-twice: re-init keeps one state, a duplicate (comm, rank) is refused\n");
+}
+
+/* Events after finalize, on a communicator's context and on handles it gave out. */
+static void scenario_after_finalize(void) {
+  if (!use(MAIN_REL)) return;
+  struct hcomm a, b;
+  uint64_t ha = 0xc4a11ed000af0001ull, hb = ha + 1, posted = 0;
+  comm_init(&b, hb, 0, 2, 2); /* alive throughout: NCCL keeps the plugin loaded */
+  comm_init(&a, ha, 0, 2, 2);
+  struct call k = nccl_call(&a, "AllReduce", "ncclFloat32", 1024, 0, -1);
+  struct ev e = {.type = C4_EV_PROXY_OP, .parent = k.coll, .pid = self_pid, .peer = 1,
+                 .nsteps = 2, .is_send = 1};
+  void *op = nccl_start(a.ctx, &e);
+  struct ev s = {.type = C4_EV_PROXY_STEP, .parent = op};
+  void *step = nccl_start(a.ctx, &s);
+  struct ev kc = {.type = C4_EV_KERNEL_CH, .parent = k.coll};
+  void *kch = nccl_start(a.ctx, &kc);
+  CHECK(k.coll && op && step && kch, "handles %p %p %p %p", k.coll, op, step, kch);
+  nccl_finalize(a.ctx);
+  nccl_step_state(step, C4_ST_SEND_WAIT, 4096);
+  nccl_stop(step);
+  nccl_stop(op);
+  nccl_kch_end(kch);
+  struct call late = nccl_call(&a, "AllReduce", "ncclFloat32", 1024, 0, -1);
+  e.parent = k.coll;
+  void *op2 = nccl_start(a.ctx, &e);
+  s.parent = op;
+  void *step2 = nccl_start(a.ctx, &s);
+  CHECK(late.coll == NULL && op2 == NULL && step2 == NULL,
+        "events after finalize got handles %p %p %p", late.coll, op2, step2);
+  nccl_finalize(a.ctx); /* twice */
+  wait_finals(ha, 0, 1);
+  kernel_op(&b, "AllReduce", "ncclFloat32", 1024, 0, NULL, &posted);
+  proxy_wait(&b, posted);
+  sleep_ns(2 * INTERVAL_MS * MS);
+  nccl_finalize(b.ctx);
+  wait_finals(hb, 0, 1);
+  CHECK(aggregate(ha, 0)->after_final == 0 && aggregate(hb, 0)->seq_completed == 1,
+        "summaries after the final, or b disturbed");
+  printf("after-finalize: late events ignored\n");
+}
+
+/* Finalize while the proxy thread still moves the communicator's steps. */
+static void scenario_finalize_inflight(void) {
+  if (!use(MAIN_REL)) return;
+  struct hcomm b;
+  uint64_t hb = 0xc4a11ed000f10001ull, posted = 0;
+  comm_init(&b, hb, 0, 2, 2);
+  struct ring r;
+  ring_defaults(&r, hb + 1);
+  r.nranks = 2;
+  r.nsteps = 64;
+  r.net_ns = 200 * US;
+  ring_init(&r);
+  ring_begin(&r, 0);
+  sleep_ns(5 * MS);
+  ring_finalize(&r); /* the proxy thread is in the middle of the op */
+  ring_end(&r);
+  wait_finals(r.hash, 0, r.nranks);
+  kernel_op(&b, "AllReduce", "ncclFloat32", 1024, 0, NULL, &posted);
+  proxy_wait(&b, posted);
+  nccl_finalize(b.ctx);
+  wait_finals(hb, 0, 1);
+  printf("finalize-inflight: finalize during an op, the proxy thread went on safely\n");
+}
+
+/* A bound socket nobody reads: the agent is stuck. NCCL's threads must not wait. */
+static void scenario_agent_stuck(void) {
+  if (!use(MAIN_REL)) return;
+  enum { N = 32 };
+  static struct hcomm c[N];
+  rx_stop();
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", R.path);
+  CHECK(bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0, "bind: %s", strerror(errno));
+  uint64_t init_ns = 0, fin_ns = 0, fin_max = 0, posted[N] = {0};
+  for (int i = 0; i < N; i++) {
+    uint64_t t0 = now_ns();
+    comm_init(&c[i], 0xc4a11ed000570000ull + (uint64_t)i, 0, 2, 1);
+    init_ns += now_ns() - t0;
+    kernel_op(&c[i], "AllReduce", "ncclFloat32", 1024, 0, NULL, &posted[i]);
+  }
+  for (int i = 0; i < N; i++) proxy_wait(&c[i], posted[i]);
+  sleep_ns(3 * INTERVAL_MS * MS); /* the socket's queue is full, sends wait and fail */
+  for (int i = 0; i < N; i++) {
+    uint64_t t0 = now_ns();
+    nccl_finalize(c[i].ctx);
+    uint64_t t = now_ns() - t0;
+    fin_ns += t;
+    if (t > fin_max) fin_max = t;
+  }
+  /* A bound of what blocking would cost (one 20 ms send wait per finalize: 640 ms), far
+   * above what an unblocked finalize takes (microseconds). */
+  CHECK(fin_ns < 200 * MS && init_ns < 200 * MS,
+        "%d finalizes took %.1f ms (longest %.1f ms), %d inits %.1f ms", N, fin_ns / 1e6,
+        fin_max / 1e6, N, init_ns / 1e6);
+  close(fd);
+  unlink(R.path);
+  rx_clear();
+  rx_start();
+  printf("agent-stuck: %d finalizes in %.2f ms, %d inits in %.2f ms\n", N, fin_ns / 1e6, N,
+         init_ns / 1e6);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -807,6 +1570,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static void scenario_slow(void) {
+  if (!use(MAIN_REL)) return;
   struct ring r;
   ring_defaults(&r, 0xc4a11ed000000002ull);
   r.slow_src = 5;
@@ -849,6 +1613,7 @@ static void scenario_slow(void) {
 }
 
 static void scenario_straggler(void) {
+  if (!use(MAIN_REL)) return;
   struct ring r;
   ring_defaults(&r, 0xc4a11ed000000003ull);
   r.straggler = 4;
@@ -901,8 +1666,6 @@ static int count_stalls(uint64_t hash, int rank, uint64_t after, struct stall_pr
   return p->count;
 }
 
-static int stall_after(struct view *v, void *arg) { return v->t_ns >= *(uint64_t *)arg; }
-
 static void stall_episode(struct ring *r, int it, int save_it) {
   int victim = r->stall_rank, upstream = (victim + r->nranks - 1) % r->nranks;
   uint64_t begin = now_ns();
@@ -911,7 +1674,7 @@ static void stall_episode(struct ring *r, int it, int save_it) {
   /* everything but the frozen recv completes */
   for (int i = 0; i < r->nranks; i++)
     if (i != victim) ring_end_rank(r, i);
-  proxy_wait(&r->comms[victim], r->posted[victim] - 1);
+  proxy_wait(&r->comms[victim], r->posted[victim] - 1 - (uint64_t)r->nchan); /* all but the frozen recv and the kernel */
   CHECK(wait_msg(C4W_STALLED, r->hash, victim, stall_after, &begin, 3000 * MS),
         "no stalled message from rank %d", victim);
   struct stall_probe p;
@@ -953,6 +1716,7 @@ static void stall_episode(struct ring *r, int it, int save_it) {
 }
 
 static void scenario_stall(void) {
+  if (!use(MAIN_REL)) return;
   struct ring r;
   ring_defaults(&r, 0xc4a11ed000000004ull);
   r.stall_rank = 2;
@@ -1001,28 +1765,33 @@ static int has_peers(struct view *v, void *arg) {
   return v->sum->npeers > 0;
 }
 
+static void *ev_proxy_op(struct hcomm *c, void *parent, int peer, int ch, int is_send,
+                         int nsteps) {
+  struct ev e = {.type = C4_EV_PROXY_OP, .parent = parent, .rank = c->rank, .pid = self_pid,
+                 .peer = peer, .channel = ch, .is_send = is_send, .nsteps = nsteps};
+  return nccl_start(c->ctx, &e);
+}
+
+static void *ev_step(struct hcomm *c, void *op, int step) {
+  struct ev e = {.type = C4_EV_PROXY_STEP, .parent = op, .rank = c->rank, .step = step};
+  return nccl_start(c->ctx, &e);
+}
+
 static void scenario_wide(void) {
+  if (!use(MAIN_REL)) return;
   struct hcomm c;
   const int npeers = 1500;
   comm_init(&c, 0xc4a11ed000000005ull, 0, 2048, 256);
   /* start right after a summary: all the traffic falls in the next one */
   CHECK(wait_msg(C4W_SUMMARY, c.hash, 0, NULL, NULL, 3 * INTERVAL_MS * MS), "no summary");
-  c4_descr_v5_t d;
-  memset(&d, 0, sizeof d);
-  d.type = C4_EV_P2P;
-  d.p2p.func = "Send";
-  d.p2p.datatype = "ncclBfloat16";
-  d.p2p.count = 2048;
-  d.p2p.peer = 1;
-  void *p2p = ev_start(&c, &d);
+  struct call k = nccl_call(&c, "Send", "ncclBfloat16", 2048, 1, 1);
   for (int peer = 1; peer <= npeers; peer++) {
-    void *op = start_proxy_op(&c, p2p, peer, 0, 1, 1);
-    void *s = start_step(&c, op, 0);
-    ev_state(s, C4_ST_SEND_WAIT, 4096);
-    P5->stopEvent(s);
-    P5->stopEvent(op);
+    void *op = ev_proxy_op(&c, k.coll, peer, 0, 1, 1);
+    void *s = ev_step(&c, op, 0);
+    nccl_step_state(s, C4_ST_SEND_WAIT, 4096);
+    nccl_stop(s);
+    nccl_stop(op);
   }
-  P5->stopEvent(p2p);
   struct parts p = {0};
   wait_msg(C4W_SUMMARY, c.hash, 0, has_peers, NULL, 3 * INTERVAL_MS * MS);
   sleep_ns(10 * MS); /* the other parts follow at once */
@@ -1032,34 +1801,34 @@ static void scenario_wide(void) {
   struct agg *a = aggregate(c.hash, 0);
   CHECK(a->colls == 1 && !strcmp(a->func, "Send") && a->coll_bytes == 2048 * 2,
         "p2p: %" PRIu64 " ops %s %" PRIu64 " bytes", a->colls, a->func, a->coll_bytes);
-  P5->finalize(c.ctx);
+  nccl_finalize(c.ctx);
   printf("wide: %d peers in %u datagrams\n", p.peers, p.nparts);
 }
 
 /* More live steps than the pool holds: NULL handles, counted drops, nothing else breaks. */
 static void scenario_exhaust(void) {
+  if (!use(MAIN_REL)) return;
   struct hcomm c;
   enum { N = 20000 };
   static void *steps[N];
   comm_init(&c, 0xc4a11ed000000006ull, 0, 2, 2);
-  void *coll = start_coll(&c, 0, 1024, 1);
-  void *op = start_proxy_op(&c, coll, 1, 0, 1, N);
+  struct call k = nccl_call(&c, "AllReduce", "ncclFloat32", 1024, 0, -1);
+  void *op = ev_proxy_op(&c, k.coll, 1, 0, 1, N);
   int nulls = 0;
   for (int i = 0; i < N; i++) {
-    steps[i] = start_step(&c, op, i);
+    steps[i] = ev_step(&c, op, i);
     nulls += steps[i] == NULL;
-    ev_state(steps[i], C4_ST_SEND_WAIT, 1000); /* NULL handles must be accepted */
+    if (steps[i] == NULL) nccl_null_handle();
+    nccl_step_state(steps[i], C4_ST_SEND_WAIT, 1000);
   }
-  for (int i = 0; i < N; i++) P5->stopEvent(steps[i]);
+  for (int i = 0; i < N; i++) nccl_stop(steps[i]);
   for (int i = 0; i < 100; i++) { /* the pool is whole again */
-    void *s = start_step(&c, op, N + i);
+    void *s = ev_step(&c, op, N + i);
     CHECK(s != NULL, "step %d after the pool drained", i);
-    P5->stopEvent(s);
+    nccl_stop(s);
   }
-  P5->stopEvent(op);
-  P5->stopEvent(coll);
-  P5->stopEvent(NULL);
-  P5->finalize(c.ctx);
+  nccl_stop(op);
+  nccl_finalize(c.ctx);
   wait_finals(c.hash, 0, 1);
   struct agg *a = aggregate(c.hash, 0);
   CHECK(nulls > 0 && nulls < N, "%d NULL handles", nulls);
@@ -1069,70 +1838,6 @@ static void scenario_exhaust(void) {
         "steps %" PRIu64 " bytes %" PRIu64, a->peers[0].steps, a->peers[0].bytes);
   CHECK(a->seq_completed == 1, "seq_completed %" PRIu64, a->seq_completed);
   printf("exhaust: %d of %d steps refused and counted\n", nulls, N);
-}
-
-/* NCCL 2.25/2.26 load ncclProfiler_v4: other init order, 8-bit type. Bad init: disabled. */
-static void scenario_v4(void) {
-  void *ctx = NULL;
-  int mask = -1, warns = warn_lines;
-  P4->init(&ctx, &mask, "bad", 0xbadull, 1, 4, 9, nccl_logger);
-  CHECK(ctx == NULL && mask == 0 && warn_lines == warns + 1, "bad init: ctx %p mask %d", ctx, mask);
-  void *h = (void *)1;
-  c4_descr_v4_t d;
-  memset(&d, 0, sizeof d);
-  d.type = C4_EV_COLL;
-  P4->startEvent(NULL, &h, &d);
-  CHECK(h == NULL, "event on a disabled communicator got a handle");
-
-  uint64_t hash = 0xc4a11ed000000007ull;
-  P4->init(&ctx, &mask, "v4", hash, 2, 2, 1, nccl_logger);
-  CHECK(ctx != NULL && (mask & C4_EV_PROXY_STEP), "v4 init: mask %#x", mask);
-  for (int it = 0; it < 5; it++) {
-    void *coll = NULL, *op = NULL, *s = NULL;
-    memset(&d, 0, sizeof d);
-    d.type = C4_EV_COLL;
-    d.rank = 1;
-    d.coll.seqNumber = (uint64_t)it;
-    d.coll.func = "AllGather";
-    d.coll.count = 1000;
-    d.coll.datatype = "ncclInt64";
-    d.coll.nChannels = 1;
-    d.coll.algo = "Ring";
-    d.coll.proto = "LL128";
-    P4->startEvent(ctx, &coll, &d);
-    memset(&d, 0, sizeof d);
-    d.type = C4_EV_PROXY_OP;
-    d.parentObj = coll;
-    d.proxyOp.peer = 0;
-    d.proxyOp.isSend = 0;
-    d.proxyOp.nSteps = 1;
-    P4->startEvent(ctx, &op, &d);
-    memset(&d, 0, sizeof d);
-    d.type = C4_EV_PROXY_STEP;
-    d.parentObj = op;
-    P4->startEvent(ctx, &s, &d);
-    c4_nccl_state_args_t a = {.proxyStep = {0}};
-    P4->recordEventState(s, C4_ST_RECV_WAIT, &a);
-    sleep_ns(200 * US);
-    a.proxyStep.transSize = 8000;
-    P4->recordEventState(s, C4_ST_RECV_FLUSH_WAIT, &a);
-    P4->stopEvent(s);
-    P4->stopEvent(op);
-    P4->stopEvent(coll);
-  }
-  sleep_ns(2 * INTERVAL_MS * MS);
-  if (capture_dir) each_msg(C4W_SUMMARY, hash, 1, capture_first, "summary_v4.bin");
-  P4->finalize(ctx);
-  wait_finals(hash, 1, 1);
-  struct agg *a = aggregate(hash, 1);
-  CHECK(a->seq_completed == 5 && a->colls == 5 && a->coll_bytes == 5 * 8000 &&
-            !strcmp(a->proto, "LL128"),
-        "v4: %" PRIu64 " completed, %" PRIu64 " bytes, proto %s", a->seq_completed, a->coll_bytes,
-        a->proto);
-  CHECK(a->npeers == 1 && a->peers[0].dir == C4W_RECV && a->peers[0].bytes == 5 * 8000 &&
-            a->peers[0].net >= 5 * 200 * US,
-        "v4 peer: %" PRIu64 " bytes, net %" PRIu64, a->peers[0].bytes, a->peers[0].net);
-  printf("v4: 5 ops through ncclProfiler_v4\n");
 }
 
 /* No agent listening: millions of events, two threads, nothing may block. */
@@ -1145,18 +1850,17 @@ static void *flood_run(void *arg) {
   struct flood *f = arg;
   struct hcomm *c = &f->c;
   while (f->events < f->target) {
-    void *coll = start_coll(c, f->colls, 4096, 1);
-    void *op = start_proxy_op(c, coll, (c->rank + 1) % c->nranks, 0, 1, 8);
+    struct call k = nccl_call(c, "AllReduce", "ncclFloat32", 4096, 0, -1);
+    void *op = ev_proxy_op(c, k.coll, (c->rank + 1) % c->nranks, 0, 1, 8);
     for (int i = 0; i < 8; i++) {
-      void *s = start_step(c, op, i);
-      ev_state(s, C4_ST_SEND_GPU_WAIT, 0);
-      ev_state(s, C4_ST_SEND_PEER_WAIT, 0);
-      ev_state(s, C4_ST_SEND_WAIT, 2048);
-      P5->stopEvent(s);
+      void *s = ev_step(c, op, i);
+      nccl_step_state(s, C4_ST_SEND_GPU_WAIT, 2048);
+      nccl_step_state(s, C4_ST_SEND_PEER_WAIT, 2048);
+      nccl_step_state(s, C4_ST_SEND_WAIT, 2048);
+      nccl_stop(s);
     }
-    P5->stopEvent(op);
-    P5->stopEvent(coll);
-    f->events += 4 + 8 * 5;
+    nccl_stop(op);
+    f->events += 12 + 8 * 5; /* API, Group and Coll events, the proxy op, its steps */
     f->colls++;
   }
   return NULL;
@@ -1168,6 +1872,7 @@ static int drops_seen(struct view *v, void *arg) {
 }
 
 static void scenario_flood(uint64_t events) {
+  if (!use(MAIN_REL)) return;
   static struct flood f[2];
   pthread_t t[2];
   uint64_t hash = 0xc4a11ed000000008ull;
@@ -1189,7 +1894,7 @@ static void scenario_flood(uint64_t events) {
   rx_start(); /* the agent is back: the next summaries arrive and count what was lost */
   CHECK(wait_msg(C4W_SUMMARY, hash, 0, drops_seen, NULL, 5 * INTERVAL_MS * MS),
         "no summary reporting dropped datagrams after the agent came back");
-  for (int i = 0; i < 2; i++) P5->finalize(f[i].c.ctx);
+  for (int i = 0; i < 2; i++) nccl_finalize(f[i].c.ctx);
   wait_finals(hash, 0, 2);
   for (int i = 0; i < 2; i++) {
     struct agg *a = aggregate(hash, i);
@@ -1206,6 +1911,7 @@ static int stuck(const struct ring *r, int i) {
 }
 
 static int emit_only(double seconds, struct ring *r) {
+  if (!use(MAIN_REL)) return 1;
   int faulty = r->stall_rank >= 0 || r->hang_rank >= 0, hang = r->hang_rank;
   ring_init(r);
   r->hang_rank = -1; /* everyone enters until the fault starts */
@@ -1237,24 +1943,55 @@ static int emit_only(double seconds, struct ring *r) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: harness [--lib PATH] [--flood N] [--scenario NAME] [--capture DIR]\n"
+          "usage: harness [--lib PATH] [--flood N] [--scenario NAME[,NAME]] [--release R]\n"
+          "               [--capture DIR] [--list]\n"
           "       harness --emit-only --seconds N [--ranks N] [--channels N] [--comm HEX]\n"
           "               [--slow-link R] [--straggler R] [--stall-rank R] [--hang-rank R]\n");
   exit(2);
 }
 
-static void *load(const char *lib, const char *sym) {
-  void *dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-  if (dl == NULL) {
-    fprintf(stderr, "dlopen %s: %s\n", lib, dlerror());
-    exit(2);
-  }
-  void *p = dlsym(dl, sym);
-  if (p == NULL) {
-    fprintf(stderr, "dlsym %s: %s\n", sym, dlerror());
-    exit(2);
-  }
-  return p;
+static uint64_t flood_events = 10000000;
+static void scenario_flood_default(void) { scenario_flood(flood_events); }
+static void release_226(void) { run_release(release_named("2.26"), 0xc4a11ed000002260ull, 4, 10); }
+static void release_227(void) { run_release(release_named("2.27"), 0xc4a11ed000002270ull, 4, 10); }
+static void release_228(void) { run_release(release_named("2.28"), 0xc4a11ed000002280ull, 4, 10); }
+static void release_229(void) { run_release(release_named("2.29"), 0xc4a11ed000002290ull, 4, 10); }
+static void release_230(void) { run_release(release_named("2.30"), 0xc4a11ed000000001ull, 8, 40); }
+
+static const struct scenario {
+  const char *name;
+  void (*run)(void);
+} SCENARIOS[] = {
+    {"loader", scenario_loader},
+    {"release-2.26", release_226},
+    {"release-2.27", release_227},
+    {"release-2.28", release_228},
+    {"release-2.29", release_229},
+    {"release-2.30", release_230},
+    {"datatypes", scenario_datatypes},
+    {"ce", scenario_ce},
+    {"pxn-unmapped", scenario_pxn_unmapped},
+    {"pxn-mapped", scenario_pxn_mapped},
+    {"single-node", scenario_single_node},
+    {"mask", scenario_mask},
+    {"init-twice", scenario_init_twice},
+    {"after-finalize", scenario_after_finalize},
+    {"finalize-inflight", scenario_finalize_inflight},
+    {"agent-stuck", scenario_agent_stuck},
+    {"slow", scenario_slow},
+    {"straggler", scenario_straggler},
+    {"stall", scenario_stall},
+    {"wide", scenario_wide},
+    {"exhaust", scenario_exhaust},
+    {"flood", scenario_flood_default},
+};
+
+/* Is `name` one of the comma-separated names in `list`? */
+static int listed(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = list; p != NULL; p = strchr(p, ','), p = p ? p + 1 : NULL)
+    if (!strncmp(p, name, n) && (p[n] == ',' || p[n] == '\0')) return 1;
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -1262,7 +1999,6 @@ int main(int argc, char **argv) {
   snprintf(self, sizeof self, "%s", argv[0]);
   snprintf(lib, sizeof lib, "%s/libnccl-profiler-c4.so", dirname(self));
   const char *scenario = "all";
-  uint64_t flood = 10000000;
   int emit = 0;
   double seconds = 5;
   struct ring er;
@@ -1270,11 +2006,16 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--emit-only")) { emit = 1; continue; }
+    if (!strcmp(a, "--list")) {
+      for (size_t k = 0; k < sizeof SCENARIOS / sizeof SCENARIOS[0]; k++) puts(SCENARIOS[k].name);
+      return 0;
+    }
     if (v == NULL) usage();
     i++;
     if (!strcmp(a, "--lib")) snprintf(lib, sizeof lib, "%s", v);
-    else if (!strcmp(a, "--flood")) flood = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--flood")) flood_events = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--scenario")) scenario = v;
+    else if (!strcmp(a, "--release") && release_named(v)) MAIN_REL = release_named(v);
     else if (!strcmp(a, "--capture")) capture_dir = v;
     else if (!strcmp(a, "--seconds")) seconds = atof(v);
     else if (!strcmp(a, "--ranks")) er.nranks = atoi(v);
@@ -1291,6 +2032,7 @@ int main(int argc, char **argv) {
       er.hang_rank >= er.nranks)
     usage();
   prctl(PR_SET_TIMERSLACK, 1UL); /* sleeps of known length */
+  self_pid = getpid();
   if (!emit) {
     snprintf(R.dir, sizeof R.dir, "/tmp/c4-harness.XXXXXX");
     if (mkdtemp(R.dir) == NULL) {
@@ -1306,28 +2048,35 @@ int main(int argc, char **argv) {
     setenv("C4_STALL_MS", ms, 1);
     rx_start();
   }
-  P5 = load(lib, "ncclProfiler_v5");
-  P4 = load(lib, "ncclProfiler_v4");
+  DL = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (DL == NULL) {
+    fprintf(stderr, "dlopen %s: %s\n", lib, dlerror());
+    return 2;
+  }
   proxy_start();
+  int rc = 0;
   if (emit) {
-    emit_only(seconds, &er);
+    rc = emit_only(seconds, &er);
   } else {
     uint64_t t0 = now_ns();
-    int all = !strcmp(scenario, "all");
-    if (all || !strcmp(scenario, "normal")) scenario_normal();
-    if (all || !strcmp(scenario, "slow")) scenario_slow();
-    if (all || !strcmp(scenario, "straggler")) scenario_straggler();
-    if (all || !strcmp(scenario, "stall")) scenario_stall();
-    if (all || !strcmp(scenario, "wide")) scenario_wide();
-    if (all || !strcmp(scenario, "exhaust")) scenario_exhaust();
-    if (all || !strcmp(scenario, "v4")) scenario_v4();
-    if ((all && !capture_dir) || !strcmp(scenario, "flood")) scenario_flood(flood);
+    int all = !strcmp(scenario, "all"), ran = 0;
+    for (size_t k = 0; k < sizeof SCENARIOS / sizeof SCENARIOS[0]; k++) {
+      if (!all && !listed(scenario, SCENARIOS[k].name)) continue;
+      if (all && capture_dir && SCENARIOS[k].run == scenario_flood_default) continue;
+      int before = failures;
+      SCENARIOS[k].run();
+      ran++;
+      printf("scenario %s: %s\n", SCENARIOS[k].name, failures == before ? "passed" : "FAILED");
+      fflush(stdout);
+    }
+    if (ran == 0) usage();
     rx_stop();
     rx_clear();
     rmdir(R.dir);
     printf("harness: %s in %.1f s\n", failures ? "FAILED" : "all checks passed",
            (now_ns() - t0) / 1e9);
+    rc = failures ? 1 : 0;
   }
   proxy_stop();
-  return failures ? 1 : 0;
+  return rc;
 }
