@@ -62,6 +62,7 @@ COMMON_SYSCTLS: dict[str, str | int] = {
 HOST_SYSCTLS: dict[str, str | int] = {
     "net.ipv4.tcp_slow_start_after_idle": 0,     # compute gaps must not reset cwnd
     "net.ipv4.tcp_no_metrics_save": 1,           # a lossy past must not shape a new connection
+    "net.ipv4.tcp_tw_reuse": 1,                  # reconnecting on a planned port it just used
 }
 HOST_OFFLOADS_OFF = ("tx-tcp-segmentation", "tx-generic-segmentation", "rx-gro")
 

@@ -27,6 +27,9 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from pyroute2 import NetNS
 
 from . import netns
 from .fabric import NicPlan
@@ -45,7 +48,7 @@ HW_COUNTERS = ("duplicate_request", "implied_nak_seq_err", "local_ack_timeout_er
 TCP_MIB = {"out_of_sequence": ("TcpExt", "TCPOFOQueue"),
            "local_ack_timeout_err": ("TcpExt", "TCPTimeouts"),
            "roce_adp_retrans": ("Tcp", "RetransSegs")}
-PERIOD_S = 0.5
+PERIOD_S = 1.0  # the agents report once a second
 
 
 def _gid(addr: str) -> str:
@@ -104,6 +107,7 @@ class _Nic:
     plan: NicPlan
     port: Path
     written: dict[str, int] = field(default_factory=dict)
+    carrier0: int | None = None  # carrier-down count when first seen (bringing the veth up)
     tcp: dict[str, int] = field(default_factory=dict)  # this NIC's share of the TCP counters
     packets: int = 0
 
@@ -130,20 +134,28 @@ class Pump:
         self.hosts = {h: (ns, [_Nic(n, root / "class/infiniband" / n.dev / "ports/1")
                                for n in nics]) for h, (ns, root, nics) in hosts.items()}
         self.mib: dict[str, dict[str, int]] = {}
+        self._ipr: dict[str, Any] = {}  # namespace -> open netlink socket
+
+    def close(self) -> None:
+        for ipr in self._ipr.values():
+            ipr.close()
+        self._ipr.clear()
 
     def once(self) -> None:
         for host, (ns, nics) in self.hosts.items():
             try:
                 self._host(host, ns, nics)
             except OSError:
+                self._ipr.pop(ns, None)
                 continue  # namespace going away (down in progress)
 
     def _host(self, host: str, ns: str, nics: list[_Nic]) -> None:
         with netns.inside(ns):
             mib = _mib(Path("/proc/thread-self/net/snmp").read_text())
             mib.update(_mib(Path("/proc/thread-self/net/netstat").read_text()))
-        with netns.open_ns(ns) as ipr:
-            links = {ln.get_attr("IFLA_IFNAME"): ln for ln in ipr.get_links()}
+        if ns not in self._ipr:
+            self._ipr[ns] = NetNS(ns)
+        links = {ln.get_attr("IFLA_IFNAME"): ln for ln in self._ipr[ns].get_links()}
         moved = {}
         for nic in nics:
             ln = links.get(nic.plan.netdev)
@@ -163,7 +175,7 @@ class Pump:
                 "counters/unicast_rcv_packets": int(st.get("rx_packets", 0)),
                 "counters/port_rcv_errors": int(st.get("rx_errors", 0)),
                 "counters/port_xmit_discards": int(st.get("tx_dropped", 0)),
-                "counters/link_downed": int(ln.get_attr("IFLA_CARRIER_DOWN_COUNT") or 0),
+                "counters/link_downed": self._downs(nic, ln),
             }
             self._put(nic, values)
             self._state(nic, up)
@@ -178,6 +190,13 @@ class Pump:
                 nic.tcp[name] = nic.tcp.get(name, 0) + round(delta * share)
         for nic in nics:
             self._put(nic, {f"hw_counters/{k}": v for k, v in nic.tcp.items()})
+
+    @staticmethod
+    def _downs(nic: _Nic, ln: Any) -> int:
+        count = int(ln.get_attr("IFLA_CARRIER_DOWN_COUNT") or 0)
+        if nic.carrier0 is None:
+            nic.carrier0 = count
+        return count - nic.carrier0
 
     @staticmethod
     def _put(nic: _Nic, values: dict[str, int]) -> None:
@@ -208,6 +227,7 @@ def main(argv: list[str]) -> int:
     while not stop:
         pump.once()
         time.sleep(PERIOD_S)
+    pump.close()
     return 0
 
 

@@ -53,6 +53,56 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.add_argument("--json", action="store_true", help="print JSON")
     q.set_defaults(func=_status)
 
+    q = lab.add_parser("run", help="run the ring AllReduce workload (plugin -> agents)",
+                       description="A data-parallel job: per step, compute then a ring "
+                       "AllReduce over TCP between ranks in the host namespaces; its collective "
+                       "progress reaches the agents through the c4 NCCL profiler plugin. Prints "
+                       "step time and bus bandwidth.")
+    prefix_arg(q)
+    q.add_argument("--steps", type=int, default=20, help="training steps (0: until `c4 lab "
+                   "stop`; default 20)")
+    q.add_argument("--payload", type=_size, default=4 << 20, metavar="BYTES",
+                   help="AllReduce size per step, e.g. 4M (default 4 MiB)")
+    q.add_argument("--compute-ms", type=float, default=20.0,
+                   help="CPU work per step before the AllReduce, ms of CPU time (default 20)")
+    q.add_argument("--channels", type=int, default=2,
+                   help="rings (channels), each its own TCP connection per hop (default 2)")
+    q.add_argument("--ranks-per-host", type=int, default=1,
+                   help="ranks per host, one per NIC rail (default 1)")
+    q.add_argument("--hosts", help="comma-separated hosts (default: all)")
+    q.add_argument("--job", help="job id the ranks carry (C4_JOB_ID; default lab-<run>)")
+    q.add_argument("--detach", action="store_true",
+                   help="return once the ranks are connected and stepping; stop with "
+                   "`c4 lab stop`")
+    q.add_argument("--json", action="store_true", help="print the run (and its steps) as JSON")
+    q.set_defaults(func=_run)
+
+    q = lab.add_parser("stop", help="stop a running workload",
+                       description="Stop workload RUN (default: every running one).")
+    prefix_arg(q)
+    q.add_argument("run", nargs="?", metavar="RUN", help="run id (see `c4 lab status`)")
+    q.set_defaults(func=_stop)
+
+    q = lab.add_parser("reconnect", help="make a running ring job reconnect at a step boundary",
+                       description="Ask ring job RUN to re-establish its connections at its "
+                       "next step boundary, optionally with new source ports (planned paths). "
+                       "Prints the connections' 5-tuples afterwards.")
+    prefix_arg(q)
+    q.add_argument("run", nargs="?", metavar="RUN", help="run id (default: the latest running)")
+    q.add_argument("--sport", action="append", default=[], metavar="CONN=PORT",
+                   help="source port for connection CONN (r<rank>c<channel>), repeatable")
+    q.add_argument("--json", action="store_true", help="print the connections as JSON")
+    q.set_defaults(func=_reconnect)
+
+
+def _size(text: str) -> int:
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    try:
+        return int(float(t[:-1]) * mult[t[-1]]) if t and t[-1] in mult else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4M, 512k)") from None
+
 
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
@@ -123,4 +173,117 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  fault {f['id']}: {f['kind']} {f['target']} since {f['injected']:.0f}")
         for rid, r in lab["runs"].items():
             print(f"  run {rid}: {r.get('kind')} {r.get('state')}")
+    return 0
+
+
+def _step_line(s: dict[str, Any]) -> str:
+    return (f"step {s['step']:4d}  step {s['step_s']:7.3f} s  allreduce {s['allreduce_s']:7.3f} s  "
+            f"bus bw {s['busbw_mbit']:7.1f} Mbit/s" + ("  (reconnected)" if s.get("reconnected")
+                                                      else ""))
+
+
+def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    import statistics
+
+    done = [s for s in steps if "step" in s]
+    if not done:
+        return {"steps": 0}
+    return {"steps": len(done),
+            "step_s_median": statistics.median(s["step_s"] for s in done),
+            "allreduce_s_median": statistics.median(s["allreduce_s"] for s in done),
+            "busbw_mbit_median": statistics.median(s["busbw_mbit"] for s in done)}
+
+
+@_guard
+def _run(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from c4.lab import runs
+    from c4.lab.state import LabState
+    from c4.lab.workload import read_steps
+
+    st = LabState.open(args.prefix)
+    rid = runs.start_ring(st, steps=args.steps, payload=args.payload, compute_ms=args.compute_ms,
+                          channels=args.channels, ranks_per_host=args.ranks_per_host,
+                          hosts=args.hosts.split(",") if args.hosts else None, job=args.job,
+                          say=_say(args))
+    _, info = runs.run_info(st, rid)
+    d = Path(info["dir"])
+    if args.detach:
+        runs.wait_steps(d, 1, 60, info)
+        out = {"run": rid, "dir": str(d), **info}
+        if args.json:
+            _print(out)
+        else:
+            print(f"run {rid} stepping in the background ({d}); stop: c4 lab stop --prefix "
+                  f"{st.prefix} {rid}")
+        return 0
+    shown = 0
+    try:
+        while True:
+            steps = read_steps(d)
+            for s in steps[shown:]:
+                if "step" in s and not args.json:
+                    print(_step_line(s), flush=True)
+            shown = len(steps)
+            if any("done" in s for s in steps):
+                break
+            if not runs.alive_ranks(info):
+                raise runs.LabError(f"the ranks exited early (see {d}/rank*.log)")
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        runs.stop_run(st, rid)
+        return 130
+    runs.finish(st, rid)
+    summary = summarize(read_steps(d))
+    if args.json:
+        _print({"run": rid, "summary": summary, "steps": read_steps(d)})
+    else:
+        print(f"{summary['steps']} steps: median step {summary['step_s_median']:.3f} s, "
+              f"AllReduce {summary['allreduce_s_median']:.3f} s, bus bandwidth "
+              f"{summary['busbw_mbit_median']:.1f} Mbit/s")
+    return 0
+
+
+@_guard
+def _stop(args: argparse.Namespace) -> int:
+    from c4.lab import runs
+    from c4.lab.state import LabState
+
+    stopped = runs.stop_run(LabState.open(args.prefix), args.run)
+    print(f"stopped {', '.join(stopped) or 'nothing'}")
+    return 0
+
+
+@_guard
+def _reconnect(args: argparse.Namespace) -> int:
+    import time
+
+    from c4.lab import runs
+    from c4.lab.state import LabError, LabState
+    from c4.lab.workload import connections, request_reconnect
+
+    st = LabState.open(args.prefix)
+    rid, info = runs.run_info(st, args.run)
+    sports = {}
+    for item in args.sport:
+        conn, _, port = item.partition("=")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise LabError(f"--sport {item!r}: expected CONN=PORT, e.g. r0c1=45001")
+        sports[conn] = int(port)
+    epoch = request_reconnect(info["dir"], sports)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        conns = connections(info["dir"])
+        if conns and all(c["epoch"] >= epoch for c in conns):
+            break
+        time.sleep(0.2)
+    else:
+        raise LabError(f"run {rid} did not reconnect within 60 s")
+    if args.json:
+        _print({"run": rid, "epoch": epoch, "connections": conns})
+    else:
+        for c in conns:
+            print(f"{c['id']:8s} {c['saddr']}:{c['sport']} -> {c['daddr']}:{c['dport']}")
     return 0
