@@ -1,7 +1,7 @@
 """/ui: one read-only page over the JSON API (no build step, no external assets).
 
 Hosts and their state, open and recent incidents, and one incident at a time with its suspects,
-its latency heatmap (seconds per GB, row sends to column, graded against the matrix's median)
+its latency heatmap (seconds per GB, row sends to column, graded against the job's baseline)
 and its alert deliveries. It refreshes every 5 s. Every value from agents and incidents is set
 as text (textContent), never parsed as HTML: host and job names come from the agents.
 """
@@ -74,23 +74,25 @@ function renderIncidents(list) {
   }));
   return open.length;
 }
-function heatmap(m) {
+function heatmap(m, baseline) {
   const labels = m.labels || [], cells = m.cells || [], focus = m.focus || [];
   const vals = cells.flat().filter(v => v !== null).sort((a, b) => a - b);
   if (!vals.length) return el("p", {class: "muted"}, "latency matrix: no data yet");
-  const median = vals[Math.floor(vals.length / 2)] || 1e-9;
+  // the job's baseline from the evidence; else the lower quartile (slow cells may be many)
+  const base = baseline || vals[Math.floor(vals.length / 4)] || 1e-9;
   const head = el("tr", {}, el("th", {}, "from \\\\ to"), ...labels.map(l => el("th", {}, l)));
   const rows = cells.map((row, r) => el("tr", {}, el("th", {}, labels[r]), ...row.map((v, c) => {
     const td = el("td", {title: v === null ? "no traffic" : labels[r] + " -> " + labels[c] + ": " + v + " s/GB"},
-                  v === null ? "" : (v / median).toFixed(1));
+                  v === null ? "" : (v / base).toFixed(1));
     if (v !== null) {
-      const x = Math.max(0, Math.min(1, (v / median - 1) / 3));  // 1x: green .. 4x+: red
+      const x = Math.max(0, Math.min(1, (v / base - 1) / 3));  // 1x: green .. 4x+: red
       td.style.background = "hsl(" + Math.round(120 - 120 * x) + ",70%," + (85 - 25 * x) + "%)";
     }
     if (focus[0] === r && focus[1] === c) td.classList.add("focus");
     return td;
   })));
-  return el("div", {}, el("h2", {}, "Latency heatmap (x median network time per byte)"),
+  return el("div", {}, el("h2", {}, "Latency heatmap (network time per byte, x the job's baseline " +
+                          base.toPrecision(3) + " s/GB)"),
             el("table", {class: "heat"}, el("thead", {}, head), el("tbody", {}, ...rows)));
 }
 function renderIncident(inc) {
@@ -106,7 +108,7 @@ function renderIncident(inc) {
     el("tbody", {}, ...(inc.suspects || []).map(s => el("tr", {}, el("td", {}, s.kind),
       el("td", {}, s.id), el("td", {}, s.host || "-"),
       el("td", {}, Math.round(s.confidence * 100) + "%")))))));
-  if (inc.matrix) parts.push(heatmap(inc.matrix));
+  if (inc.matrix) parts.push(heatmap(inc.matrix, (inc.evidence || {}).baseline_s_per_gb));
   const alerts = Object.entries(inc.alerts || {});
   if (alerts.length) parts.push(el("div", {}, el("h2", {}, "Alerts"), el("table", {},
     el("tbody", {}, ...alerts.map(([name, a]) => el("tr", {}, el("td", {}, name),

@@ -6,19 +6,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-import zmq
 
-from c4.core import record, wire
-
-from .procs import REPO, Cluster, Proc, c4_cmd, env, free_port, wait_for
+from .feed import feeding, simulate
+from .procs import Cluster, Proc, free_port, wait_for
 from .receivers import Receiver
 
 SLOW = "node002"
@@ -34,13 +30,7 @@ def alertmanager_bin() -> str:
 
 @pytest.fixture
 def recording(tmp_path: Path) -> Path:
-    rec = tmp_path / "slow.c4rec"
-    res = subprocess.run(c4_cmd("sim", "--hosts", "4", "--gpus-per-host", "2", "--duration", "40",
-                                "--fault", f"slow-node:{SLOW}@5-25", "--max-skew", "0", "--seed",
-                                "3", "--out", str(rec)),
-                         capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return rec
+    return simulate(tmp_path / "slow.c4rec", f"slow-node:{SLOW}@5-25", 40)
 
 
 @pytest.fixture
@@ -72,25 +62,6 @@ def alertmanager(tmp_path: Path, webhook: Receiver) -> Iterator[str]:
         p.stop()
 
 
-def send(cluster: Cluster, rec: Path, stop: threading.Event) -> None:
-    """The recorded frames to the ingest socket as the agents sent them, SPEED x faster."""
-    frames = [(wire.decode(data), data) for data in record.read(rec)]
-    ctx = zmq.Context()
-    socks: dict[str, zmq.Socket] = {}
-    t0, start = frames[0][0].ts, time.monotonic()
-    try:
-        for frame, data in frames:
-            if stop.wait(max(0.0, start + (frame.ts - t0) / SPEED - time.monotonic())):
-                return
-            if frame.host not in socks:
-                socks[frame.host] = cluster.dealer(ctx, frame.host)
-            socks[frame.host].send(data)
-    finally:
-        for s in socks.values():
-            s.close(linger=1000)
-        ctx.term()
-
-
 def notified(webhook: Receiver, status: str) -> list[dict]:
     """Alerts of incident 1 in the webhook notifications, with the given status."""
     return [a for b in webhook.bodies() for a in b["alerts"]
@@ -104,9 +75,7 @@ def test_incident_fires_once_grouped_and_resolves(cluster: Cluster, recording: P
         "[diagnosis]\nresolve_hold_s = 5.0\n"
         f'[alerts]\ncluster = "lab"\nresend_s = 1.0\n'
         f'[[alerts.receivers]]\ntype = "alertmanager"\nurl = "{alertmanager}"\n')
-    stop = threading.Event()
-    feeder = threading.Thread(target=send, args=(cluster, recording, stop), daemon=True)
-    feeder.start()
+    feeder, stop = feeding(cluster, recording, SPEED)
     try:
         firing = wait_for(lambda: notified(webhook, "firing"), timeout=30,
                           what="the incident's alert at the webhook")
