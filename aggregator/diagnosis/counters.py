@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from c4.core.catalog import ROCE_RX as RX
+from c4.core.catalog import ROCE_TX as TX
 from c4.core.topology import endpoint
 
 from .config import DiagnosisConfig
 from .model import Cell, Comm
 from .stats import median
-
-RX = ("out_of_sequence", "packet_seq_err", "np_ecn_marked_roce_packets", "np_cnp_sent")
-TX = ("local_ack_timeout_err", "rp_cnp_handled")
 
 
 class Counters:

@@ -5,11 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# When symptoms of one fault meet in one incident, the most specific explanation names it.
-CLASS_RANK = {
-    "hw_xid": 0, "hw_nic_down": 0, "hw_link_flap": 0, "hw_pfc_storm": 0, "hw_aer": 0,
-    "host_silent": 1, "comm_hang": 2, "noncomm_hang": 2, "comm_slow": 3, "noncomm_slow": 3,
-}
+from c4.core.catalog import INCIDENT_CLASSES as CLASS_RANK
 
 
 @dataclass
