@@ -2,7 +2,8 @@
 
 collectors -> Sample (section + events) -> report/event frames -> Sender (queue, acks, resend).
 A collector that cannot start is disabled with one log line and a health flag; one that fails
-while collecting is marked unhealthy for that interval and the rest keep reporting.
+or is still busy at the report deadline (agent/runner.py: each collector has its own thread) is
+marked unhealthy for that interval and the rest keep reporting on time.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from . import bpf_stats
 from .config import AgentConfig
 from .planning import Planning
 from .exporter import AgentMetrics, Exporter, Snapshot
+from .runner import CollectorRunner
 from .sender import Sender
 
 log = logging.getLogger("c4.agent")
@@ -39,7 +41,10 @@ def _read(path: Path) -> str | None:
 
 class Agent:
     def __init__(self, cfg: AgentConfig, *, record_path: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, sender: Sender | None = None,
+                 collectors: list[Collector] | None = None) -> None:
+        """`sender` and `collectors` replace the ones the config describes (tests, embedding):
+        the outside world is injected, as the collectors' Context does for sysfs and /proc."""
         self.cfg = cfg
         self.clock = clock
         self.host = cfg.host or socket.gethostname()
@@ -47,11 +52,13 @@ class Agent:
                            dev_root=cfg.dev_root, run_dir=cfg.run_dir, clock=clock, log=log)
         self.health: dict[str, dict[str, Any]] = {}
         self.collectors: list[Collector] = []
+        self._given = collectors
+        self.runners: list[CollectorRunner] = []
         self.stop_event = threading.Event()
-        self.sender = Sender(cfg.aggregator, self.host, queue_max=cfg.queue_max,
-                             resend_after=cfg.resend_after, max_frame=cfg.max_frame,
-                             record_path=record_path, validate_every=cfg.validate_every,
-                             clock=clock, log=log)
+        if sender is not None:
+            self.sender = sender
+        else:
+            self.sender = self._sender(cfg, record_path, clock)
         self.c4p = Planning(cfg.run_dir)  # C4P: probes and plans (agent/planning.py)
         self.sender.handlers["plan"] = self.c4p.on_plan
         self.sender.handlers["probe"] = self.c4p.on_probe
@@ -61,19 +68,38 @@ class Agent:
         self.exporter: Exporter | None = None
         self.notify = Notifier()
 
+    def _sender(self, cfg: AgentConfig, record_path: str | None,
+                clock: Callable[[], float]) -> Sender:
+        curve = cfg.curve_keys(self.host)  # ConfigError before anything starts
+        if curve is None:
+            log.warning("insecure = true: sending to %s over plain TCP, unauthenticated and "
+                        "unencrypted; use CURVE keys outside tests (docs/security.md)",
+                        cfg.aggregator)
+        return Sender(cfg.aggregator, self.host, queue_max=cfg.queue_max,
+                      resend_after=cfg.resend_after, max_frame=cfg.max_frame,
+                      record_path=record_path, validate_every=cfg.validate_every,
+                      clock=clock, log=log, curve=curve)
+
     # -- lifecycle ------------------------------------------------------------------------
     def start_collectors(self) -> None:
+        if self._given is not None:
+            for collector in self._given:
+                self._start(collector)
+            return
         for name in self.cfg.enabled:
             cls = registry.load(name)
-            collector = cls(self.ctx, self.cfg.options(name))  # OptionError propagates: bad config
-            try:
-                collector.start()
-            except CollectorUnavailable as exc:
-                log.warning("collector %s disabled: %s", name, exc)
-                self.health[name] = {"ok": False, "reason": str(exc)}
-                continue
-            self.health[name] = {"ok": True}
-            self.collectors.append(collector)
+            self._start(cls(self.ctx, self.cfg.options(name)))  # OptionError propagates: bad config
+
+    def _start(self, collector: Collector) -> None:
+        try:
+            collector.start()
+        except CollectorUnavailable as exc:
+            log.warning("collector %s disabled: %s", collector.name, exc)
+            self.health[collector.name] = {"ok": False, "reason": str(exc)}
+            return
+        self.health[collector.name] = {"ok": True}
+        self.collectors.append(collector)
+        self.runners.append(CollectorRunner(collector))
 
     def hello_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"agent_version": __version__, "interval": self.cfg.interval,
@@ -117,21 +143,31 @@ class Agent:
         events = []
         sections: dict[str, Any] = {}
         durations: dict[str, float] = {}
-        for c in self.collectors:
-            t0 = time.perf_counter()
-            try:
-                sample = c.collect(now)
-            except Exception as exc:  # one broken collector must not stop the others
-                reason = f"{type(exc).__name__}: {exc}"
-                if self.health[c.name].get("reason") != reason:
-                    log.exception("collector %s failed", c.name)
-                self.health[c.name] = {"ok": False, "reason": reason[:500]}
+        for r in self.runners:
+            r.request(now)  # a runner still busy with an earlier call is not asked again
+        # Everyone gets until half an interval (at most 2 s) from now; the report goes out then.
+        deadline = time.monotonic() + min(self.cfg.interval / 2, 2.0)
+        for r in self.runners:
+            out = r.wait(deadline)
+            if out is None:
+                reason = f"slow: collect() still running after {r.busy_for():.1f}s"
+                if not self.health[r.name].get("reason", "").startswith("slow"):
+                    log.warning("collector %s: %s; the others report without it", r.name, reason)
+                self.health[r.name] = {"ok": False, "reason": reason}
                 continue
-            finally:
-                durations[c.name] = time.perf_counter() - t0
-            self.health[c.name] = {"ok": True}
+            durations[r.name] = out.duration_s
+            if out.error is not None:  # one broken collector must not stop the others
+                reason = f"{type(out.error).__name__}: {out.error}"
+                if self.health[r.name].get("reason") != reason:
+                    log.error("collector %s failed: %s", r.name, reason,
+                              exc_info=(type(out.error), out.error, out.error.__traceback__))
+                self.health[r.name] = {"ok": False, "reason": reason[:500]}
+                continue
+            self.health[r.name] = {"ok": True}
+            sample = out.sample
+            assert sample is not None
             if sample.section is not None:
-                body[c.name] = sections[c.name] = sample.section
+                body[r.name] = sections[r.name] = sample.section
             events.extend(sample.events)
         body["health"] = dict(self.health)
         self.snapshot = Snapshot(sections, dict(self.health), durations, self.snapshot.nics)
@@ -189,6 +225,8 @@ class Agent:
         deadline = self.clock() + 2.0
         while self.sender.unacked and self.clock() < deadline:
             self.sender.poll(0.05)
+        for r in self.runners:
+            r.close()
         for c in self.collectors:
             try:
                 c.close()
