@@ -40,18 +40,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from c4.core.catalog import DRAINABLE_KINDS, INCIDENT_CLASSES
 from c4.core.config import ConfigError, field
 
-CLASSES = (
-    "comm_hang", "noncomm_hang", "comm_slow", "noncomm_slow", "hw_xid", "hw_nic_down",
-    "hw_link_flap", "hw_pfc_storm", "hw_aer", "host_silent",
-)
+CLASSES = tuple(INCIDENT_CLASSES)
 ACTIONS = ("alert", "drain", "restart")
 DRAIN_BACKENDS = ("slurm", "kubernetes", "exec")
 RESTART_BACKENDS = ("none", "exec", "webhook")
 PLACEHOLDERS = ("host", "class", "incident", "job")
-# A fabric link is not a node: draining an endpoint for it would isolate a healthy host.
-DRAINABLE_KINDS = ("host", "nic", "gpu", "rank")
 # Outcomes that acted (or, in dry-run, would have acted); a timeout may have.
 _ACTED = ("ok", "dry-run", "timeout")
 _STDERR_TAIL = 512

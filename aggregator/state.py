@@ -9,6 +9,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from c4.core.catalog import ROCE_SIGNALS
+
 EVENTS_KEPT = 50
 
 
@@ -67,15 +69,13 @@ class HostState:
         ports = (report.get("rdma") or {}).get("ports", [])
         rates: dict[str, float] = {}
         for p in ports:
-            for k in ("np_cnp_sent", "np_ecn_marked_roce_packets", "rp_cnp_handled",
-                      "out_of_sequence", "local_ack_timeout_err"):
+            for k in ROCE_SIGNALS:
                 if k in p.get("rates", {}):
                     rates[k] = rates.get(k, 0.0) + p["rates"][k]
         seq = self.seqs.get(self.boot, SeqState())
         return {
             "name": self.name,
             "status": self.status,
-            "boot": self.boot,
             "agent_version": self.hello.get("agent_version"),
             "last_seen_age_s": round(max(0.0, now - self.last_seen), 3),
             "last_seen": self.last_seen,
@@ -95,7 +95,9 @@ class HostState:
         d.update({
             "first_seen": self.first_seen,
             "last_agent_ts": self.last_agent_ts,
-            "hello": self.hello,
+            # Boot ids stay inside: with them a peer could forge frames that look in sequence
+            # (the API is unauthenticated; docs/security.md).
+            "hello": {k: v for k, v in self.hello.items() if k != "kernel_boot_id"},
             "report": self.last_report,
             "events": list(self.events),
             "rejected": self.rejected,

@@ -11,8 +11,8 @@ from typing import Any
 import msgpack
 
 from c4.core import record
+from c4.core.catalog import DRAINABLE_KINDS
 
-DRAINABLE = ("host", "nic", "gpu", "rank")
 GRACE_S = 5.0  # an incident up to this long before the injection still counts as its
 
 
@@ -89,7 +89,7 @@ def score(truth: dict[str, Any], incidents: list[dict[str, Any]], origin: float)
         sc.false_incidents += 1
         sc.wrong.append(_brief(i))
         top = i["suspects"][0] if i["suspects"] else None
-        if i["localised"] is not None and top and top["kind"] in DRAINABLE and \
+        if i["localised"] is not None and top and top["kind"] in DRAINABLE_KINDS and \
                 not any(top["host"] == (f["suspect"].get("host")) for f in faults):
             sc.false_isolations += 1
     return sc

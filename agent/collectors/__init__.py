@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import importlib
 
+from c4.core.catalog import COLLECTORS
+
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 
-# name -> "module:Class". The name is also the report section (c4/core/wire/sections/<name>.py).
+# name -> "module:Class", by the naming rule stated with COLLECTORS in c4/core/catalog.py.
 REGISTRY: dict[str, str] = {
-    "host": "c4.agent.collectors.host:HostCollector",
-    "rdma": "c4.agent.collectors.rdma:RdmaCollector",
-    "pfc": "c4.agent.collectors.pfc:PfcCollector",
-    "kmsg": "c4.agent.collectors.kmsg:KmsgCollector",
-    "tcp_flows": "c4.agent.collectors.tcp_flows:TcpFlowsCollector",
-    "verbs_qp": "c4.agent.collectors.verbs_qp:VerbsQpCollector",
-    "nccl": "c4.agent.collectors.nccl:NcclCollector",
-}
-DEFAULT_ENABLED = ("host", "rdma", "pfc", "kmsg", "tcp_flows", "verbs_qp", "nccl")
+    n: f"{__name__}.{n}:{''.join(w.capitalize() for w in n.split('_'))}Collector" for n in COLLECTORS}
+DEFAULT_ENABLED = COLLECTORS
 
 
 def load(name: str) -> type[Collector]:

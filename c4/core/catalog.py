@@ -84,3 +84,36 @@ PHYS_STATE_IDS: dict[str, int] = {"NOP": 0, "Sleep": 1, "Polling": 2, "Disabled"
                                   "LinkErrorRecovery": 6, "Phy Test": 7}
 # rate "100 Gb/sec (4X EDR)" -> bytes/s, as procfs parseRate does.
 BYTES_PER_GBIT = 125_000_000
+
+# --- the rest of the vocabulary: one definition each, imported by agent, aggregator, CLI, lab.
+
+# Agent collectors, in report order. Each name is also the report section and wire module
+# (c4/core/wire/sections/<name>.py) and the agent module c4/agent/collectors/<name>.py, whose
+# class is the CamelCase name + "Collector" (tcp_flows -> TcpFlowsCollector).
+COLLECTORS: tuple[str, ...] = ("host", "rdma", "pfc", "kmsg", "tcp_flows", "verbs_qp", "nccl")
+
+# The RoCE hw_counters that carry network symptoms, and which end of a flow counts them: the
+# receiver's NIC counts ECN-marked packets, the CNPs it sends back and out-of-order arrivals;
+# the sender's NIC counts the CNPs it handles and its ACK timeouts (retransmits).
+ROCE_SIGNALS: dict[str, tuple[str, str, str]] = {
+    # sysfs name: (end of the flow that counts it, symptom, column label for people)
+    "np_ecn_marked_roce_packets": ("rx", "congestion", "ECN/s"),
+    "np_cnp_sent": ("rx", "congestion", "CNP tx/s"),
+    "rp_cnp_handled": ("tx", "congestion", "CNP rx/s"),
+    "out_of_sequence": ("rx", "loss", "OOS/s"),
+    "packet_seq_err": ("rx", "loss", "seq err/s"),
+    "local_ack_timeout_err": ("tx", "loss", "timeout/s"),
+}
+ROCE_RX = tuple(n for n, (end, _, _) in ROCE_SIGNALS.items() if end == "rx")
+ROCE_TX = tuple(n for n, (end, _, _) in ROCE_SIGNALS.items() if end == "tx")
+
+# C4D incident classes. When symptoms of one fault meet in one incident, the lowest rank (the
+# most specific explanation) names it.
+INCIDENT_CLASSES: dict[str, int] = {
+    "hw_xid": 0, "hw_nic_down": 0, "hw_link_flap": 0, "hw_pfc_storm": 0, "hw_aer": 0,
+    "host_silent": 1, "comm_hang": 2, "noncomm_hang": 2, "comm_slow": 3, "noncomm_slow": 3,
+}
+# Suspect kinds, and those an action may drain: a fabric link is not a node, and draining an
+# endpoint for it would isolate a healthy host.
+SUSPECT_KINDS = ("host", "nic", "gpu", "rank", "link", "path")
+DRAINABLE_KINDS = ("host", "nic", "gpu", "rank")

@@ -9,6 +9,8 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
+from c4.core.catalog import ROCE_SIGNALS
+
 from ._http import add_aggregator_arg, query
 
 
@@ -109,9 +111,7 @@ def host_view(h: dict[str, Any], show_counters: bool = False) -> Group:
 
 # Per port, the counters an operator looks at first: traffic, congestion, errors.
 KEY_RATES = (("port_xmit_bytes", "tx B/s"), ("port_rcv_bytes", "rx B/s"),
-             ("np_ecn_marked_roce_packets", "ECN/s"), ("np_cnp_sent", "CNP tx/s"),
-             ("rp_cnp_handled", "CNP rx/s"), ("out_of_sequence", "OOS/s"),
-             ("local_ack_timeout_err", "timeout/s"))
+             *((name, label) for name, (_, _, label) in ROCE_SIGNALS.items()))
 
 
 def ports_table(ports: list[dict[str, Any]]) -> Table:

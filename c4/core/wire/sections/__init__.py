@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from ...catalog import COLLECTORS
 from ..schema import Record
 
-NAMES = ("host", "rdma", "pfc", "kmsg", "tcp_flows", "verbs_qp", "nccl")
+NAMES = COLLECTORS
 
 
 def _load() -> list[ModuleType]:
