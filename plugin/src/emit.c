@@ -4,10 +4,12 @@
  * Sends never block: with the agent absent, datagrams are dropped and counted; with its queue
  * full, this thread (not NCCL's) waits for room at most SEND_WAIT_NS per tick, then drops.
  *
- * NCCL's threads never wait for this thread or the agent: init and finalize only touch the
- * registry under a lock this thread holds for list operations, never across a send. Finalize
- * marks the communicator; this thread sends its final summary and frees it FREE_GRACE_NS
- * later (an event NCCL still delivers meanwhile finds valid memory and is ignored). NCCL
+ * NCCL's threads never wait for the agent: init and finalize only touch the registry under a
+ * lock this thread holds for list operations, never across a send. Finalize marks the
+ * communicator, cuts this thread's wait for the agent short (eventfd) and waits only for it to
+ * hand the final summary to the socket without waiting (so that it is out before the process
+ * may exit); the memory is freed FREE_GRACE_NS later (an event NCCL still delivers meanwhile
+ * finds valid memory and is ignored). NCCL
  * dlcloses the plugin after the last finalize: the library pins itself (RTLD_NODELETE) when it
  * starts the thread, so the thread and the memory it frees later outlive that, and nothing
  * has to be joined on NCCL's thread. With no communicator left the thread sleeps. */
@@ -15,6 +17,7 @@
 #include <poll.h>
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,15 +34,18 @@
  * when the agent's queue is full, wait for it to drain, at most this long per tick. */
 #define SEND_WAIT_NS 20000000ull
 #define FREE_GRACE_NS 30000000000ull /* a finalized communicator's memory outlives it this long */
+#define CLOSE_WAIT_NS 100000000ull   /* finalize waits at most this for its final summary */
 
 static struct {
   pthread_mutex_t life; /* serialises the thread's start (init only) */
   pthread_mutex_t reg;  /* the registry: comms; never held across a send */
   pthread_cond_t cv;
+  pthread_cond_t closed_cv; /* a finalized communicator's final summary is out */
   pthread_once_t cv_once;
   struct c4_comm *comms; /* live, finalizing and closed (freed later) communicators */
-  int running;
+  int running, finals; /* finals: finalized communicators whose final summary is not out */
   pthread_t thread;
+  int wakefd; /* written by finalize: this thread stops waiting for the agent */
   /* The thread's own. */
   struct c4_comm **snap;
   size_t snap_cap;
@@ -57,13 +63,14 @@ static struct {
   int32_t conn_slot[C4_MAX_CONNS];    /* conn index -> waiting index + 1 */
   int32_t oldest_step[C4_MAX_PROXY_OPS]; /* proxy op index -> step slot + 1 */
 } G = {.life = PTHREAD_MUTEX_INITIALIZER, .reg = PTHREAD_MUTEX_INITIALIZER,
-       .cv_once = PTHREAD_ONCE_INIT, .fd = -1};
+       .cv_once = PTHREAD_ONCE_INIT, .fd = -1, .wakefd = -1};
 
 static void init_cv(void) {
   pthread_condattr_t a;
   pthread_condattr_init(&a);
   pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
   pthread_cond_init(&G.cv, &a);
+  pthread_cond_init(&G.closed_cv, &a);
   pthread_condattr_destroy(&a);
 }
 
@@ -107,9 +114,16 @@ static void agent_disconnect(void) {
 static int send_wait(void) {
   if (G.wait_left_ns == 0) return 0;
   uint64_t t0 = c4_now_ns();
-  struct pollfd p = {.fd = G.fd, .events = POLLOUT};
+  struct pollfd p[2] = {{.fd = G.fd, .events = POLLOUT}, {.fd = G.wakefd, .events = POLLIN}};
   int ms = (int)((G.wait_left_ns + 999999) / 1000000);
-  int ready = poll(&p, 1, ms) > 0 && (p.revents & POLLOUT);
+  int ready = poll(p, 2, ms) > 0 && (p[0].revents & POLLOUT);
+  if (p[1].revents & POLLIN) { /* a finalize waits: no more waiting this tick */
+    uint64_t n;
+    if (read(G.wakefd, &n, sizeof n) < 0) { /* drained by an earlier read */
+    }
+    G.wait_left_ns = 0;
+    return ready;
+  }
   uint64_t spent = c4_now_ns() - t0;
   G.wait_left_ns = spent < G.wait_left_ns ? G.wait_left_ns - spent : 0;
   return ready;
@@ -377,7 +391,7 @@ static void *run(void *arg) {
     if (G.comms == NULL) { /* nothing to do until the next init */
       pthread_cond_wait(&G.cv, &G.reg);
       next_emit = c4_now_ns() + G.interval_ns;
-    } else {
+    } else if (G.finals == 0) {
       uint64_t wake = c4_now_ns() + G.tick_ns;
       if (wake > next_emit) wake = next_emit;
       struct timespec ts = {(time_t)(wake / 1000000000u), (long)(wake % 1000000000u)};
@@ -407,12 +421,20 @@ static void *run(void *arg) {
           check_stall(c, now);
           if (emit_now) emit_summary(c, now, 0);
           break;
-        case C4_COMM_FINALIZING: /* NCCL has synchronised: what waits for children is done */
+        case C4_COMM_FINALIZING: { /* NCCL has synchronised: what waits for children is done */
           c4_sweep_awaiting(c, 0);
+          uint64_t left = G.wait_left_ns;
+          G.wait_left_ns = 0; /* finalize waits for this: never for the agent */
           if (reportable(c)) emit_summary(c, now, C4W_FLAG_FINAL);
+          G.wait_left_ns = left;
           c->closed_ns = now;
+          pthread_mutex_lock(&G.reg);
           ST(c->state, C4_COMM_CLOSED);
+          G.finals--;
+          pthread_cond_broadcast(&G.closed_cv);
+          pthread_mutex_unlock(&G.reg);
           break;
+        }
         default:
           if (now - c->closed_ns < FREE_GRACE_NS) break;
           pthread_mutex_lock(&G.reg);
@@ -453,8 +475,12 @@ static int start_thread(const struct c4_config *cfg, char *err, size_t errlen) {
   if (G.tick_ns < TICK_MIN_NS) G.tick_ns = TICK_MIN_NS;
   if (pin_library(err, errlen) != 0) return -1;
   G.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (G.fd < 0) {
-    snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(errno));
+  G.wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (G.fd < 0 || G.wakefd < 0) {
+    snprintf(err, errlen, "%s: %s", G.fd < 0 ? "socket(AF_UNIX)" : "eventfd", strerror(errno));
+    if (G.fd >= 0) close(G.fd);
+    if (G.wakefd >= 0) close(G.wakefd);
+    G.fd = G.wakefd = -1;
     return -1;
   }
   /* The thread must not take the application's signals. */
@@ -470,7 +496,8 @@ static int start_thread(const struct c4_config *cfg, char *err, size_t errlen) {
   if (rc != 0) {
     snprintf(err, errlen, "pthread_create: %s", strerror(rc));
     close(G.fd);
-    G.fd = -1;
+    close(G.wakefd);
+    G.fd = G.wakefd = -1;
     return -1;
   }
   G.running = 1;
@@ -520,7 +547,17 @@ void c4_emitter_remove(struct c4_comm *c) {
   if (LD(c->state) == C4_COMM_LIVE) { /* not finalized twice */
     atomic_store_explicit(&c->finalizing, 1, memory_order_release);
     ST(c->state, C4_COMM_FINALIZING);
-    pthread_cond_signal(&G.cv); /* its final summary goes out at once */
+    G.finals++;
+    pthread_cond_signal(&G.cv);
+    uint64_t one = 1;
+    if (write(G.wakefd, &one, sizeof one) < 0) { /* the counter is far from full */
+    }
+    /* Only as long as this thread computes summaries; the bound is a safety net. */
+    uint64_t until = c4_now_ns() + CLOSE_WAIT_NS;
+    struct timespec ts = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
+    while (LD(c->state) == C4_COMM_FINALIZING &&
+           pthread_cond_timedwait(&G.closed_cv, &G.reg, &ts) == 0) {
+    }
   }
   pthread_mutex_unlock(&G.reg);
 }

@@ -1,5 +1,7 @@
-"""The NCCL profiler plugin under its C harness (plain, AddressSanitizer+UBSan and, where it
-works, ThreadSanitizer builds), then the harness's workload through the real agent collector."""
+"""The NCCL profiler plugin under its C harness, one test per scenario (each NCCL release
+2.26-2.30 through its own profiler ABI, and each way NCCL drives a plugin that once broke it),
+on a plain, an AddressSanitizer+UBSan and, where it works, a ThreadSanitizer build; then the
+harness's workload through the real agent collector."""
 from __future__ import annotations
 
 import os
@@ -15,22 +17,33 @@ from c4.core.wire.kinds import validate_body
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "plugin"
+BUILD = PLUGIN / "build"
+
+# plugin/tests/harness.c --list; test_every_scenario_is_tested keeps the two in step.
+SCENARIOS = ["loader", "release-2.26", "release-2.27", "release-2.28", "release-2.29",
+             "release-2.30", "datatypes", "ce", "pxn-unmapped", "pxn-mapped", "single-node",
+             "mask", "init-twice", "after-finalize", "finalize-inflight", "agent-stuck", "slow",
+             "straggler", "stall", "wide", "exhaust", "flood"]
+# (harness, library, environment); the sanitizers run a smaller flood.
+BUILDS = {
+    "plain": (BUILD / "harness", BUILD / "libnccl-profiler-c4.so", {}, 10_000_000),
+    "asan": (BUILD / "asan" / "harness", BUILD / "asan" / "libnccl-profiler-c4.so",
+             {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1",
+              "UBSAN_OPTIONS": "print_stacktrace=1"}, 2_000_000),
+    "tsan": (BUILD / "tsan" / "harness", BUILD / "tsan" / "libnccl-profiler-c4.so",
+             {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}, 1_000_000),
+}
 
 
-def make(*targets: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def make(*targets: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "-C", str(PLUGIN), *targets], capture_output=True,
                           text=True, timeout=timeout)
 
 
-def _passed(proc: subprocess.CompletedProcess, runs: int) -> None:
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    assert out.count("harness: all checks passed") == runs, out[-6000:]
-    assert "FAIL" not in out and "ERROR: AddressSanitizer" not in out, out[-6000:]
-
-
-def test_harness_plain_and_asan():
-    _passed(make("test", "test-asan"), 2)
+@pytest.fixture(scope="module")
+def built() -> None:
+    proc = make("harnesses")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
 
 
 def _tsan_works(tmp_path: Path) -> str | None:
@@ -47,11 +60,25 @@ def _tsan_works(tmp_path: Path) -> str | None:
     return None
 
 
-def test_harness_tsan(tmp_path):
-    why = _tsan_works(tmp_path)
-    if why is not None:
+def test_every_scenario_is_tested(built):
+    listed = subprocess.run([str(BUILD / "harness"), "--list"], capture_output=True, text=True,
+                            timeout=30, check=True).stdout.split()
+    assert listed == SCENARIOS
+
+
+@pytest.mark.parametrize("variant", list(BUILDS))
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_harness_scenario(built, tmp_path, scenario: str, variant: str):
+    if variant == "tsan" and (why := _tsan_works(tmp_path)) is not None:
         pytest.skip(f"ThreadSanitizer does not run on this machine: {why}")
-    _passed(make("test-tsan"), 1)
+    harness, lib, env, flood = BUILDS[variant]
+    proc = subprocess.run([str(harness), "--lib", str(lib), "--scenario", scenario,
+                           "--flood", str(flood)], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert f"scenario {scenario}: passed" in out and "harness: all checks passed" in out, out[-6000:]
+    assert "FAIL" not in out and "Sanitizer" not in out and "runtime error" not in out, out[-6000:]
 
 
 @pytest.fixture
@@ -63,8 +90,8 @@ def collector(tmp_path):
 
 
 def _emit(collector: NcclCollector, *args: str) -> subprocess.CompletedProcess:
-    built = make("all", "build/harness")
-    assert built.returncode == 0, built.stderr
+    proc = make("all", "build/harness")
+    assert proc.returncode == 0, proc.stderr
     env = dict(os.environ, C4_AGENT_SOCKET=str(collector.path), C4_INTERVAL_MS="200",
                C4_STALL_MS="400")
     proc = subprocess.run([str(PLUGIN / "build" / "harness"), "--emit-only", *args], env=env,
