@@ -27,7 +27,7 @@ class AggregatorConfig:
                                        "webhook (docs/operations.md#alerts)")
     metrics_host_counters: bool = field(False, "also export every up host's RDMA port counters "
                                         "on /metrics (`host` label); off: scrape the agents, "
-                                        "which export them (docs/operations.md#metrics)")
+                                        "which export them (docs/operations.md)")
 
     def validate(self, where: str) -> None:
         if not self.listen.startswith(("tcp://", "ipc://", "inproc://")):

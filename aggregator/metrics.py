@@ -1,4 +1,4 @@
-"""The aggregator's /metrics: the cluster view only it has (docs/operations.md#metrics).
+"""The aggregator's /metrics: the cluster view only it has (docs/operations.md).
 
 Per host: `c4_host_up` and the age of its last frame; incidents by class and state; the
 suspects of open incidents; actions by outcome; alert deliveries. Time series of each host's

@@ -49,7 +49,7 @@ def test_notifier_speaks_the_protocol(tmp_path: Path) -> None:
     for abstract in (False, True):
         s, addr = bind(tmp_path / "notify", abstract=abstract)
         clock = [0.0]
-        n = Notifier({"NOTIFY_SOCKET": addr, "WATCHDOG_USEC": "2000000"}, clock=lambda: clock[0])
+        n = Notifier({"NOTIFY_SOCKET": addr, "WATCHDOG_USEC": "2000000"}, clock=lambda c=clock: c[0])
         assert n.ping_every() == 0.5
         n.ready("serving")
         n.watchdog()
