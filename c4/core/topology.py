@@ -142,6 +142,7 @@ class Topology:
         self._adj: dict[str, list[Link]] | None = None
         self._routes: dict[tuple[str, str], list[tuple[str, ...]]] = {}
         self._addrs: dict[str, tuple[str, str | None]] | None = None
+        self._up: dict[str, dict[str, str]] | None = None
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -287,6 +288,7 @@ class Topology:
             raise TopologyError(f"link {link.id} defined twice")
         self.links[link.id] = link
         self._adj = None
+        self._up = None
         self._routes.clear()
         self._addrs = None
 
@@ -327,13 +329,54 @@ class Topology:
             return []
         return [(host, n) for n in (h.ports(dev) if dev else h.nics)]
 
+    def _ups(self) -> dict[str, dict[str, str]]:
+        """switch -> {higher-tier neighbour: link id}: the up half of up-down routing."""
+        if self._up is None:
+            up: dict[str, dict[str, str]] = {}
+            for lk in self.links.values():
+                sa, sb = self.switches.get(lk.a), self.switches.get(lk.b)
+                if sa is None or sb is None or sa.tier == sb.tier:
+                    continue
+                lo, hi = (lk.a, lk.b) if TIERS.index(sa.tier) < TIERS.index(sb.tier) else \
+                    (lk.b, lk.a)
+                up.setdefault(lo, {})[hi] = lk.id
+            self._up = up
+        return self._up
+
     def switch_routes(self, a: str, b: str) -> list[tuple[str, ...]]:
-        """Every shortest link sequence from switch `a` to switch `b` (the equal-cost paths a
-        Clos fabric's ECMP spreads over); cached."""
+        """Every shortest link sequence from switch `a` to switch `b`: the up-down paths a Clos
+        fabric's ECMP spreads over (up to the lowest tier where the two meet, then down);
+        cached. Fabrics with links inside a tier fall back to a breadth-first search."""
         key = (a, b)
         got = self._routes.get(key)
         if got is not None:
             return got
+        if a == b:
+            self._routes[key] = [()]
+            return [()]
+        ups = self._ups()
+        # chains[n] = link sequences from the start up to n, grown one tier at a time
+        from_a: dict[str, list[tuple[str, ...]]] = {a: [()]}
+        from_b: dict[str, list[tuple[str, ...]]] = {b: [()]}
+        out: list[tuple[str, ...]] = []
+        for _ in range(len(TIERS)):
+            meet = set(from_a) & set(from_b)
+            if meet:
+                out = [pa + tuple(reversed(pb)) for m in sorted(meet)
+                       for pa in from_a[m] for pb in from_b[m]]
+                break
+            from_a = _climb(from_a, ups)
+            from_b = _climb(from_b, ups)
+            if not from_a or not from_b:
+                break
+        if not out and any(s.tier == t.tier for lk in self.links.values()
+                           for s, t in ((self.switches.get(lk.a), self.switches.get(lk.b)),)
+                           if s is not None and t is not None):
+            out = self._bfs_routes(a, b)
+        self._routes[key] = out
+        return out
+
+    def _bfs_routes(self, a: str, b: str) -> list[tuple[str, ...]]:
         adj = self.adjacency()
         dist = {a: 0}
         preds: dict[str, list[Link]] = {a: []}
@@ -361,7 +404,6 @@ class Topology:
                 for lk in preds[n]:
                     walk(lk.other(n), (lk.id,) + tail)
             walk(b, ())
-        self._routes[key] = out
         return out
 
     def candidate_paths(self, src: str, dst: str) -> list[tuple[str, ...]]:
@@ -815,6 +857,16 @@ def _find(data: dict[str, Any], key: str, name: str) -> Any:
         if isinstance(item, dict) and name in (item.get("name"), item.get("id")):
             return item
     return None
+
+
+def _climb(chains: dict[str, list[tuple[str, ...]]],
+           ups: dict[str, dict[str, str]]) -> dict[str, list[tuple[str, ...]]]:
+    """Extend every chain one link up."""
+    out: dict[str, list[tuple[str, ...]]] = {}
+    for n, seqs in chains.items():
+        for hi, lid in ups.get(n, {}).items():
+            out.setdefault(hi, []).extend(seq + (lid,) for seq in seqs)
+    return out
 
 
 def check_text(text: str) -> tuple[Topology | None, list[Problem]]:

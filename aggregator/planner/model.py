@@ -1,0 +1,173 @@
+"""From what the aggregator knows (topology, flows, path map, link health) to a solver
+`Instance`, and from the solver's choice back to a source port per flow."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from c4.core.topology import Topology
+
+from .pathmap import PathMap
+from .solver import Instance
+
+
+@dataclass
+class Flow:
+    """One planned unit: a QP (`roce`) or a TCP connection, owned by a process on `host`."""
+
+    id: str
+    host: str
+    src: str  # topology endpoint `host/dev`
+    dst: str
+    proto: str  # roce | tcp
+    sport: int | None  # the port it uses now, if known
+    demand: float  # bytes/s
+    dport: int = 4791
+    job: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # what the agent needs to find it
+
+
+@dataclass
+class Health:
+    down: set[str] = field(default_factory=set)  # links no plan may use
+    suspect: dict[str, str] = field(default_factory=dict)  # link -> why (lossy, congested)
+
+
+@dataclass
+class Built:
+    inst: Instance | None
+    flows: list[Flow]  # the planned flows, in instance order
+    paths: list[list[tuple[str, ...]]]  # per planned flow: candidate paths (link ids)
+    ports: list[list[list[int]]]  # per planned flow, per candidate: known ports
+    current: list[int]  # per planned flow: candidate index of its current port, -1 unknown
+    unplanned: list[tuple[Flow, str]]  # flows left alone, with the reason
+    arcs: list[tuple[str, bool]]  # arc index -> (link id, forward)
+
+
+class Arcs:
+    """Directed links: index 2i is link i traversed a -> b, 2i+1 the other way."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.ids = list(topo.links)
+        self.index = {lid: i for i, lid in enumerate(self.ids)}
+        self.ends = {lid: (2 * i, lk.a, lk.b) for i, (lid, lk) in enumerate(topo.links.items())}
+
+    def of_path(self, path: tuple[str, ...]) -> tuple[int, ...]:
+        """Arc indices along a path from its NIC port (the first access link's `a`)."""
+        ends = self.ends
+        i, cur, b = ends[path[0]]
+        out = [i]
+        cur = b
+        for lid in path[1:]:
+            i, a, b = ends[lid]
+            if a == cur:
+                out.append(i)
+                cur = b
+            elif b == cur:
+                out.append(i + 1)
+                cur = a
+            else:
+                raise ValueError(f"path {path}: {lid} does not continue it")
+        return tuple(out)
+
+    def caps(self, suspect: dict[str, str], suspect_factor: float) -> np.ndarray:
+        cap = np.empty(2 * len(self.ids))
+        for i, lid in enumerate(self.ids):
+            g = self.topo.links[lid].gbps * 1e9 / 8  # bytes/s, per direction (full duplex)
+            if lid in suspect:
+                g *= suspect_factor
+            cap[2 * i] = cap[2 * i + 1] = g
+        return cap
+
+    def names(self) -> list[tuple[str, bool]]:
+        return [(lid, d == 0) for lid in self.ids for d in (0, 1)]
+
+
+def build(topo: Topology, flows: list[Flow], pathmap: PathMap, health: Health, now: float,
+          suspect_factor: float = 0.5, arcs: Arcs | None = None) -> Built:
+    """Candidates of each flow: the paths its known ports take, minus any through a down link.
+    A suspect link keeps only `suspect_factor` of its capacity, so load leaves it first."""
+    arcs = arcs or Arcs(topo)
+    base = np.zeros(2 * len(arcs.ids))
+    planned: list[Flow] = []
+    cand_arcs: list[list[tuple[int, ...]]] = []
+    cand_paths: list[list[tuple[str, ...]]] = []
+    cand_ports: list[list[list[int]]] = []
+    current: list[int] = []
+    unplanned: list[tuple[Flow, str]] = []
+    demand: list[float] = []
+    memo: dict[tuple[str, str, str], tuple[dict[int, tuple[str, ...]], list[tuple[str, ...]],
+                                            list[list[int]], list[tuple[int, ...]]]] = {}
+    for fl in flows:
+        key = (fl.src, fl.dst, fl.proto)
+        got = memo.get(key)
+        if got is None:  # flows between the same endpoints (channels, QPs) share candidates
+            known = pathmap.ports(fl.src, fl.dst, fl.proto, now)
+            by_path: dict[tuple[str, ...], list[int]] = {}
+            for port, path in known.items():
+                if not health.down.intersection(path):
+                    by_path.setdefault(path, []).append(port)
+            paths = sorted(by_path)
+            got = memo[key] = (known, paths, [sorted(by_path[p]) for p in paths],
+                               [arcs.of_path(p) for p in paths])
+        known, paths, ports, path_arcs = got
+        cur_path = known.get(fl.sport) if fl.sport is not None else None
+        if not paths:
+            why = "no known port avoids the down links" if known else "no path known yet"
+            unplanned.append((fl, why))
+            if cur_path is not None:
+                for a in arcs.of_path(cur_path):
+                    base[a] += fl.demand
+            else:  # the links every possible path shares (its access links) still carry it
+                options = topo.candidate_paths(fl.src, fl.dst)
+                if options:
+                    common = set(options[0]).intersection(*options[1:])
+                    for a in arcs.of_path(options[0]):
+                        if arcs.ids[a // 2] in common:
+                            base[a] += fl.demand
+            continue
+        planned.append(fl)
+        cand_paths.append(paths)
+        cand_ports.append(ports)
+        cand_arcs.append(path_arcs)
+        current.append(paths.index(cur_path) if cur_path is not None and cur_path in paths
+                       else -1)
+        demand.append(fl.demand)
+    inst = None
+    if planned:
+        inst = Instance(arcs.caps(health.suspect, suspect_factor), np.array(demand), cand_arcs,
+                        base)
+    return Built(inst, planned, cand_paths, cand_ports, current, unplanned, arcs.names())
+
+
+def choose_ports(b: Built, assign: list[int]) -> list[int]:
+    """A source port per planned flow: its current port when its path stays, else a known port
+    of the chosen path; TCP connections between the same endpoints never share a port."""
+    used: dict[tuple[str, str, int], set[int]] = {}
+    for f, fl in enumerate(b.flows):
+        if fl.proto == "tcp" and assign[f] == b.current[f] and fl.sport is not None:
+            used.setdefault((fl.src, fl.dst, fl.dport), set()).add(fl.sport)
+    rr: dict[tuple[str, str, tuple[str, ...]], int] = {}
+    out = []
+    for f, fl in enumerate(b.flows):
+        k = assign[f]
+        ports = b.ports[f][k]
+        if k == b.current[f] and fl.sport is not None:
+            out.append(fl.sport)
+            continue
+        key = (fl.src, fl.dst, b.paths[f][k])
+        start = rr.get(key, 0)
+        taken = used.setdefault((fl.src, fl.dst, fl.dport), set()) if fl.proto == "tcp" else set()
+        pick = ports[start % len(ports)]
+        for i in range(len(ports)):
+            p = ports[(start + i) % len(ports)]
+            if p not in taken:
+                pick = p
+                break
+        rr[key] = start + 1
+        taken.add(pick)
+        out.append(pick)
+    return out

@@ -1,0 +1,80 @@
+"""The learned path map (src, dst, proto, sport) -> links, fed by probe results.
+
+Keys use topology endpoints (`host/dev`); a path is the tuple of link ids from src to dst.
+An entry is trusted until it is older than `ttl_s`, until a link on it has an incident (the
+fabric may have rerouted it) or until the topology changes (`clear`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Key = tuple[str, str, str]  # (src endpoint, dst endpoint, proto)
+
+
+@dataclass
+class Entry:
+    links: tuple[str, ...]
+    learned: float
+
+
+class PathMap:
+    def __init__(self, ttl_s: float = 3600.0) -> None:
+        self.ttl_s = ttl_s
+        self.entries: dict[Key, dict[int, Entry]] = {}
+        self.by_link: dict[str, set[tuple[Key, int]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.entries.values())
+
+    def learn(self, src: str, dst: str, proto: str, sport: int, links: tuple[str, ...],
+              now: float) -> None:
+        key = (src, dst, proto)
+        old = self.entries.get(key, {}).get(sport)
+        if old is not None:
+            self._unindex(key, sport, old.links)
+        self.entries.setdefault(key, {})[sport] = Entry(tuple(links), now)
+        for lk in links:
+            self.by_link.setdefault(lk, set()).add((key, sport))
+
+    def _unindex(self, key: Key, sport: int, links: tuple[str, ...]) -> None:
+        for lk in links:
+            s = self.by_link.get(lk)
+            if s is not None:
+                s.discard((key, sport))
+                if not s:
+                    del self.by_link[lk]
+
+    def forget_link(self, link: str) -> int:
+        """Drop every entry whose path uses `link`; returns how many."""
+        gone = self.by_link.pop(link, set())
+        for key, sport in gone:
+            e = self.entries.get(key, {}).pop(sport, None)
+            if e is not None:
+                self._unindex(key, sport, e.links)
+            if key in self.entries and not self.entries[key]:
+                del self.entries[key]
+        return len(gone)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.by_link.clear()
+
+    def ports(self, src: str, dst: str, proto: str, now: float) -> dict[int, tuple[str, ...]]:
+        """Known source ports of (src, dst, proto) and the path each takes (fresh ones only)."""
+        got = self.entries.get((src, dst, proto), {})
+        return {p: e.links for p, e in got.items() if now - e.learned <= self.ttl_s}
+
+    def lookup(self, src: str, dst: str, proto: str, sport: int,
+               now: float) -> tuple[str, ...] | None:
+        e = self.entries.get((src, dst, proto), {}).get(sport)
+        return e.links if e is not None and now - e.learned <= self.ttl_s else None
+
+    def expire(self, now: float) -> int:
+        old = [(k, p) for k, v in self.entries.items() for p, e in v.items()
+               if now - e.learned > self.ttl_s]
+        for key, sport in old:
+            e = self.entries[key].pop(sport)
+            self._unindex(key, sport, e.links)
+            if not self.entries[key]:
+                del self.entries[key]
+        return len(old)
