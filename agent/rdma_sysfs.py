@@ -17,9 +17,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from c4.core.wire.names import COUNTER_NAME, IDENT
+from c4.core.wire.schema import Spec
+
 IB_CLASS = Path("class/infiniband")
 U64_MAX = 2**64 - 1
-_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")  # what the wire accepts as a device/netdev name
 _RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 _ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 # Files in hw_counters/ that are settings, not counters (lifespan: counter cache time in ms).
@@ -68,7 +70,7 @@ def read_text(path: Path) -> str | None:
 
 def valid_name(name: str | None) -> str | None:
     """The name if the wire can carry it, else None."""
-    return name if name is not None and _NAME.fullmatch(name) else None
+    return name if name is not None and name and _fits(IDENT, name) else None
 
 
 def parse_state(text: str | None) -> str | None:
@@ -107,6 +109,15 @@ def all_ports(sysfs_root: Path) -> list[PortRef]:
     return [p for d in list_devices(sysfs_root) for p in list_ports(d)]
 
 
+def _fits(spec: Spec, name: str) -> bool:
+    """A name the wire accepts (one odd file or device name must not cost the whole section)."""
+    try:
+        spec.check(name)
+    except ValueError:
+        return False
+    return True
+
+
 def read_counters(port_dir: Path) -> tuple[dict[str, int], list[str]]:
     """Values of counters/* and hw_counters/*, and the names that could not be read."""
     values: dict[str, int] = {}
@@ -117,7 +128,7 @@ def read_counters(port_dir: Path) -> tuple[dict[str, int], list[str]]:
         except OSError:
             continue  # older HCAs have no hw_counters/
         for e in entries:
-            if e.name in NOT_COUNTERS or not re.fullmatch(r"[A-Za-z0-9_]{1,96}", e.name):
+            if e.name in NOT_COUNTERS or not _fits(COUNTER_NAME, e.name):
                 continue
             text = read_text(Path(e.path))
             try:

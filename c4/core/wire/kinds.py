@@ -6,10 +6,10 @@ from typing import Any
 from .schema import (
     SECONDS, U32, U64, Bool, Enum, Float, Int, Invalid, List, Map, Nullable, Record, Str,
 )
+from .names import IDENT
 from .sections import EVENTS, SECTIONS
 
 HOST = Str(253, r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
-IDENT = Str(64, r"[A-Za-z0-9_.:\-]+")
 PORT16 = Int(0, 65535)
 
 ENVELOPE = Record(

@@ -6,9 +6,10 @@ Names are the driver's (mlx5: `rx_prio3_pause`, `tx_prio3_pause_duration` in mic
 """
 from __future__ import annotations
 
+from ..names import IDENT
 from ..schema import COUNTER, I64, Float, Int, List, Map, Nullable, Record, Str
 
-NAME = Str(64, r"[A-Za-z0-9_.:\-]+")
+NAME = IDENT
 STAT_NAME = Str(64, r"[A-Za-z0-9_]+")
 
 NETDEV = Record(

@@ -5,10 +5,10 @@ are given as `rates.port_xmit_bytes` and `rates.port_rcv_bytes`.
 """
 from __future__ import annotations
 
+from ..names import COUNTER_NAME, IDENT
 from ..schema import COUNTER, Float, I64, Int, List, Map, Nullable, Record, Str
 
-NAME = Str(64, r"[A-Za-z0-9_.:\-]+")
-COUNTER_NAME = Str(96, r"[A-Za-z0-9_]+")
+NAME = IDENT
 
 PORT = Record(
     required={

@@ -2,13 +2,14 @@
 UDP source port each one uses, plus the kernel's own QP list (RDMA netlink)."""
 from __future__ import annotations
 
+from ..names import IDENT
 from ..schema import COUNTER, U32, Bool, Enum, Int, List, Nullable, Record, Str
 
 MAX_QPS_PER_REPORT = 10000
 QP_STATES = ("RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR", "UNKNOWN")
 QP_TYPES = ("RC", "UC", "UD", "RAW_PACKET", "XRC_SEND", "XRC_RECV", "DRIVER", "UNKNOWN")
 GID = Str(39, r"[0-9a-f]{4}(:[0-9a-f]{4}){7}")
-NAME = Str(64, r"[A-Za-z0-9_.:\-]+")
+NAME = IDENT
 
 QP = Record(
     required={
