@@ -1,6 +1,7 @@
-/* Cost of the plugin on NCCL's threads: ns per startEvent+stopEvent pair and per
- * recordEventState, on one thread and on two (separate communicators, then one shared),
- * next to what a no-op plugin costs NCCL (an indirect call pair) and one clock read; and the
+/* Cost of the plugin on NCCL's threads, through ncclProfiler_v6 (NCCL 2.29, 2.30): ns per
+ * startEvent+stopEvent pair and per recordEventState, on one thread and on two (separate
+ * communicators, then one shared), next to what a no-op plugin costs NCCL in the same run (the
+ * same indirect calls into functions that do nothing) and one clock read; and the
  * resident memory a communicator costs once it has carried traffic.
  * Usage: bench_overhead [--lib PATH] [--iters N]. Prints numbers; asserts nothing. */
 #include <dlfcn.h>
@@ -16,7 +17,7 @@
 #include "../src/abi.h"
 
 #define REPEAT 5
-static c4_profiler_v5_t *P;
+static c4_profiler_v6_t *P;
 static long iters = 2000000;
 
 static double now(void) {
@@ -25,10 +26,12 @@ static double now(void) {
   return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+static int mask; /* NCCL's process-wide activation mask */
+
 static void *comm(int rank) {
+  static uint64_t hash = 0xbe4c4000ull; /* one (communicator, rank) per process */
   void *ctx = NULL;
-  int mask = 0;
-  P->init(&ctx, 0xbe4c4ull, &mask, "bench", 2, 2, rank, NULL);
+  P->init(&ctx, hash++, &mask, "bench", 2, 2, rank, NULL);
   if (ctx == NULL) {
     fprintf(stderr, "plugin init failed\n");
     exit(1);
@@ -37,7 +40,7 @@ static void *comm(int rank) {
 }
 
 static void *start(void *ctx, uint64_t type, void *parent) {
-  c4_descr_v5_t d;
+  c4_descr_v6_t d;
   memset(&d, 0, sizeof d);
   d.type = type;
   d.parentObj = parent;
@@ -48,6 +51,7 @@ static void *start(void *ctx, uint64_t type, void *parent) {
   d.coll.count = 1024;
   if (type == C4_EV_PROXY_OP) {
     memset(&d.proxyOp, 0, sizeof d.proxyOp);
+    d.proxyOp.pid = getpid(); /* this process's op: PXN ops of others are ignored */
     d.proxyOp.peer = 1;
     d.proxyOp.isSend = 1;
   }
@@ -68,7 +72,7 @@ static void *measure(void *arg) {
   struct job *j = arg;
   void *coll = start(j->ctx, C4_EV_COLL, NULL);
   void *op = start(j->ctx, C4_EV_PROXY_OP, coll);
-  c4_descr_v5_t d;
+  c4_descr_v6_t d;
   memset(&d, 0, sizeof d);
   d.type = C4_EV_PROXY_STEP;
   d.parentObj = op;
@@ -126,7 +130,7 @@ static double best(enum kind kind, void **ctx, int nthreads) {
   return b;
 }
 
-static c4_nccl_result_t noop_start(void *c, void **h, c4_descr_v5_t *d) {
+static c4_nccl_result_t noop_start(void *c, void **h, c4_descr_v6_t *d) {
   (void)c, (void)d;
   *h = NULL;
   return 0;
@@ -137,9 +141,9 @@ static c4_nccl_result_t noop_stop(void *h) {
 }
 
 static double baseline(void) {
-  c4_profiler_v5_t noop = {"noop", NULL, noop_start, noop_stop, NULL, NULL};
-  c4_profiler_v5_t *volatile np = &noop; /* an indirect call, as NCCL makes */
-  c4_descr_v5_t d = {.type = C4_EV_PROXY_STEP};
+  c4_profiler_v6_t noop = {"noop", NULL, noop_start, noop_stop, NULL, NULL};
+  c4_profiler_v6_t *volatile np = &noop; /* an indirect call, as NCCL makes */
+  c4_descr_v6_t d = {.type = C4_EV_PROXY_STEP};
   double b = 1e300;
   for (int r = 0; r < REPEAT; r++) {
     double t0 = now();
@@ -173,10 +177,11 @@ static double kib_per_comm(int n) {
     void *coll = start(ctx[i], C4_EV_COLL, NULL);
     for (int ch = 0; ch < 2; ch++)
       for (int send = 0; send < 2; send++) {
-        c4_descr_v5_t d;
+        c4_descr_v6_t d;
         memset(&d, 0, sizeof d);
         d.type = C4_EV_PROXY_OP;
         d.parentObj = coll;
+        d.proxyOp.pid = getpid();
         d.proxyOp.channelId = (uint8_t)ch;
         d.proxyOp.peer = 1;
         d.proxyOp.isSend = send;
@@ -215,7 +220,7 @@ int main(int argc, char **argv) {
   /* nobody listens: the background thread's sends fail fast, as with no agent */
   setenv("C4_AGENT_SOCKET", "/nonexistent/c4-bench.sock", 1);
   void *dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-  if (dl == NULL || (P = dlsym(dl, "ncclProfiler_v5")) == NULL) {
+  if (dl == NULL || (P = dlsym(dl, "ncclProfiler_v6")) == NULL) {
     fprintf(stderr, "cannot load %s: %s\n", lib, dlerror());
     return 1;
   }
@@ -228,7 +233,7 @@ int main(int argc, char **argv) {
   double kib = kib_per_comm(64);
   printf("c4 NCCL profiler plugin overhead: %s, %ld iterations, best of %d, %ld CPUs\n", lib,
          iters, REPEAT, sysconf(_SC_NPROCESSORS_ONLN));
-  printf("  %-52s %7.1f ns\n", "no-op plugin: startEvent+stopEvent (baseline)", base);
+  printf("  %-52s %7.1f ns\n", "no-op plugin: ProxyStep startEvent+stopEvent", base);
   printf("  %-52s %7.1f ns\n", "clock_gettime(CLOCK_MONOTONIC)", clk);
   printf("  %-52s %7.1f ns  (%.1fx baseline)\n", "ProxyStep startEvent+stopEvent, 1 thread", pair1,
          pair1 / base);

@@ -35,20 +35,22 @@ struct c4w_header {
   uint64_t msg_seq;     /* per communicator, +1 per message */
   uint64_t wall_ns;     /* CLOCK_REALTIME at send, informational */
   uint32_t interval_ms; /* the plugin's summary interval */
-  uint32_t nnodes;
+  uint32_t nnodes;      /* 0: unknown (NCCL 2.26, profiler v3: nranks is then the highest rank
+                           seen + 1, a lower bound) */
   uint64_t dgram_drops; /* datagrams this process could not send, cumulative */
 };
 
 struct c4w_summary {
-  uint64_t seq_started;   /* collectives started, cumulative */
-  uint64_t seq_completed; /* collectives completed, cumulative */
+  uint64_t seq_started;   /* collectives started, cumulative (a count) */
+  uint64_t seq_completed; /* collectives completed, cumulative (a count) */
   uint64_t dropped_events;
   uint64_t span_ns;       /* time covered by the interval fields */
   uint64_t entry_wait_ns; /* interval */
   uint32_t entry_ops;     /* interval */
   uint16_t ncolls;        /* c4w_coll records in this part */
   uint16_t npeers;        /* c4w_peer records in this part, after the colls */
-  uint64_t inflight_seq;
+  uint64_t inflight_seq;  /* 0-based ordinal of the oldest incomplete op: the first collective is
+                             0, so with k completed in order the one in flight is k */
   uint64_t inflight_age_ns;
   uint64_t progress_age_ns;
   char inflight_func[C4W_NAME];
@@ -78,7 +80,7 @@ struct c4w_peer {
 };
 
 struct c4w_stalled {
-  uint64_t seq;           /* collective ordinal of the oldest incomplete op */
+  uint64_t seq;           /* 0-based collective ordinal of the oldest incomplete op */
   uint64_t seq_completed;
   uint64_t age_ns;        /* time without progress */
   uint64_t op_age_ns;     /* time since that op started */
