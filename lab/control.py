@@ -102,10 +102,7 @@ def up(topology: str | None = None, prefix: str = "c4lab", collectors: tuple[str
     step(f"building {len(topo.hosts)} hosts, {len(topo.leaves)} leaves, {len(topo.spines)} "
          f"spines from {src}")
     fab.build(say=step, created=created)
-    try:
-        mapped = fab.path_map()
-    finally:
-        fab.close()
+    mapped = fab.path_map()
     mapped.save(d / "topology.json")
     step(f"path map: {len(mapped.paths)} paths (ECMP hash, seed {0xC4C4:#x})")
 

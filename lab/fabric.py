@@ -23,12 +23,13 @@ withdrawal a routed fabric does). The recipe is the measured one of design.md:
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
+import subprocess
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from pyroute2 import NetNS
 from pyroute2.ethtool import Ethtool
 
 from c4.core.topology import Topology, access_link_id, endpoint, fabric_link_id
@@ -113,7 +114,6 @@ class Fabric:
     prefix: str
     nics: dict[str, NicPlan] = field(default_factory=dict)  # endpoint host/dev -> plan
     wires: dict[str, Wire] = field(default_factory=dict)  # link id -> wire
-    _open: dict[str, Any] = field(default_factory=dict, repr=False)  # ns -> NetNS, for queries
 
     def __post_init__(self) -> None:
         t = self.topology
@@ -265,29 +265,30 @@ class Fabric:
                 sync_ns_routes(ipr, routes)
 
     # -- paths ----------------------------------------------------------------------------
-    def spine_of(self, src: NicPlan, dst: NicPlan, sport: int, dport: int) -> str | None:
-        """The spine the source leaf's ECMP hash sends this TCP 5-tuple to (None within a
-        leaf): the kernel answers for the exact tuple (`ip route get ... sport dport`)."""
+    def spines_of(self, src: NicPlan, dst: NicPlan, sports: list[int],
+                  dport: int) -> list[str | None]:
+        """The spine the source leaf's ECMP hash sends each TCP 5-tuple to (None within a
+        leaf). The kernel answers for the exact tuple (`ip route get ... ipproto tcp sport
+        dport`, one batch per call: pyroute2 cannot send the port attributes)."""
         if src.leaf == dst.leaf:
-            return None
-        w = self.wires[access_link_id(src.host, src.dev, src.leaf)]
-        ipr = self._query(w.b.ns)
-        iif = ipr.link_lookup(ifname=w.b.ifname)[0]
-        r = ipr.route("get", dst=dst.addr, src=src.addr, iif=iif, ipproto=6, sport=sport,
-                      dport=dport)[0]
-        name = ipr.get_links(r.get_attr("RTA_OIF"))[0].get_attr("IFLA_IFNAME")
-        return self.topology.spines[int(name[1:])]
+            return [None] * len(sports)
+        return list(self._route_batch(src.leaf, [(src, dst, sp, dport) for sp in sports]))
 
-    def _query(self, ns: str) -> Any:
-        if ns not in self._open:
-            self._open[ns] = NetNS(ns)
-        return self._open[ns]
+    def _route_batch(self, leaf: str,
+                     tuples: list[tuple[NicPlan, NicPlan, int, int]]) -> list[str]:
+        lines = []
+        for src, dst, sport, dport in tuples:
+            w = self.wires[access_link_id(src.host, src.dev, src.leaf)]
+            lines.append(f"route get {dst.addr} from {src.addr} iif {w.b.ifname} ipproto tcp "
+                         f"sport {sport} dport {dport}\n")
+        out = subprocess.run(["ip", "-n", self.ns(leaf), "-j", "-batch", "-"],
+                             input="".join(lines), text=True, capture_output=True,
+                             check=True).stdout
+        return [self.topology.spines[int(json.loads(line)[0]["dev"][1:])]
+                for line in out.splitlines() if line.strip()]
 
-    def close(self) -> None:
-        """Close the netlink sockets path queries keep open."""
-        for ipr in self._open.values():
-            ipr.close()
-        self._open.clear()
+    def spine_of(self, src: NicPlan, dst: NicPlan, sport: int, dport: int) -> str | None:
+        return self.spines_of(src, dst, [sport], dport)[0]
 
     def path(self, src: NicPlan, dst: NicPlan, spine: str | None) -> list[str]:
         links = [access_link_id(src.host, src.dev, src.leaf)]
@@ -302,12 +303,14 @@ class Fabric:
         the path every connection of that NIC pair really takes."""
         lo, hi = SPORT_RANGE
         start = zlib.crc32(f"{src.addr}>{dst.addr}:{dport}{salt}".encode()) % (hi - lo)
-        for i in range(hi - lo):
-            sport = lo + (start + i) % (hi - lo)
-            if sport in avoid:
-                continue
-            if spine is None or self.spine_of(src, dst, sport, dport) == spine:
-                return sport
+        for first in range(0, hi - lo, 32):
+            cands = [lo + (start + i) % (hi - lo) for i in range(first, min(first + 32, hi - lo))]
+            cands = [c for c in cands if c not in avoid]
+            if spine is None and cands:
+                return cands[0]
+            for sport, got in zip(cands, self.spines_of(src, dst, cands, dport)):
+                if got == spine:
+                    return sport
         raise FabricError(f"no source port in {lo}-{hi} reaches {spine} from {src.addr}")
 
     def path_map(self) -> Topology:
@@ -316,15 +319,20 @@ class Fabric:
         (source port from a hash of the pair, destination LISTEN_PORT)."""
         topo = Topology.from_dict(self.topology.to_dict())
         topo.paths.clear()
-        for a in self.nics.values():
-            for b in self.nics.values():
-                if a.host == b.host or a.rail != b.rail:
-                    continue
-                sport = self.pick_sport(a, b, LISTEN_PORT, None, set())
-                links = self.path(a, b, self.spine_of(a, b, sport, LISTEN_PORT))
-                topo.set_path(endpoint(a.host, a.dev), endpoint(b.host, b.dev), links)
-                if (a.host, b.host) not in topo.paths:
-                    topo.set_path(a.host, b.host, links)
+        pairs = [(a, b) for a in self.nics.values() for b in self.nics.values()
+                 if a.host != b.host and a.rail == b.rail]
+        spine: dict[tuple[str, str], str | None] = {}
+        for leaf in self.topology.leaves:
+            cross = [(a, b, self.pick_sport(a, b, LISTEN_PORT, None, set()), LISTEN_PORT)
+                     for a, b in pairs if a.leaf == leaf and b.leaf != leaf]
+            if cross:
+                for (a, b, _, _), sp in zip(cross, self._route_batch(leaf, cross)):
+                    spine[(a.addr, b.addr)] = sp
+        for a, b in pairs:
+            links = self.path(a, b, spine.get((a.addr, b.addr)))
+            topo.set_path(endpoint(a.host, a.dev), endpoint(b.host, b.dev), links)
+            if (a.host, b.host) not in topo.paths:
+                topo.set_path(a.host, b.host, links)
         return topo
 
 

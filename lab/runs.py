@@ -74,18 +74,15 @@ def start_ring(st: LabState, *, steps: int, payload: int, compute_ms: float, cha
                     ranks=ranks, rings=rings, sports={}, payload=payload, steps=steps,
                     compute_ms=compute_ms, nnodes=len(order))
     used: dict[str, set[int]] = {}
-    try:
-        for r in ranks:
-            for c in range(channels):
-                nxt = ranks[cfg.neighbours(r.rank, c)[1]]
-                a, b = nics[r.rank], nics[nxt.rank]
-                spine = _spine_on(topo.path(a.host, b.host, a.dev, b.dev), fab)
-                avoid = used.setdefault(r.host, set())
-                sport = fab.pick_sport(a, b, nxt.port, spine, avoid, conn_id(r.rank, c))
-                avoid.add(sport)
-                cfg.sports[conn_id(r.rank, c)] = sport
-    finally:
-        fab.close()
+    for r in ranks:
+        for c in range(channels):
+            nxt = ranks[cfg.neighbours(r.rank, c)[1]]
+            a, b = nics[r.rank], nics[nxt.rank]
+            spine = _spine_on(topo.path(a.host, b.host, a.dev, b.dev), fab)
+            avoid = used.setdefault(r.host, set())
+            sport = fab.pick_sport(a, b, nxt.port, spine, avoid, conn_id(r.rank, c))
+            avoid.add(sport)
+            cfg.sports[conn_id(r.rank, c)] = sport
     cfg.save(d / "config.json")
     env = lab_env(st.prefix)
     pids = {}
@@ -161,3 +158,21 @@ def finish(st: LabState, run_id: str) -> None:
     with st.locked():
         st.data["runs"][run_id]["state"] = "finished"
 
+
+
+def link_load(st: LabState, run_id: str) -> dict[str, list[str]]:
+    """Fabric link -> the run's connections whose path (the lab's path map) crosses it,
+    busiest first: where a link fault touches the job most."""
+    from .workload import RunConfig
+
+    _, info = run_info(st, run_id)
+    cfg = RunConfig.load(Path(info["dir"]) / "config.json")
+    topo = st.topology()
+    out: dict[str, list[str]] = {}
+    for r in cfg.ranks:
+        for c in range(len(cfg.rings)):
+            peer = cfg.ranks[cfg.neighbours(r.rank, c)[1]]
+            for link in topo.path(r.host, peer.host, r.dev, peer.dev) or ():
+                if topo.links[link].kind == "fabric":
+                    out.setdefault(link, []).append(conn_id(r.rank, c))
+    return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))

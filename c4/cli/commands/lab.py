@@ -94,6 +94,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.add_argument("--json", action="store_true", help="print the connections as JSON")
     q.set_defaults(func=_reconnect)
 
+    q = lab.add_parser("inject", help="inject a fault: loss, slow, down, flap, nicdown, hang, "
+                       "straggler", description="Inject a real fault and log it (with the "
+                       "component C4D should name) as ground truth. Link faults take a topology "
+                       "link id (leaf01-spine00, node003/mlx5_0-leaf01); nicdown a host or "
+                       "host/dev; hang and straggler a rank number or a host of the running "
+                       "workload. Parameters: loss percent=5 direction=both|ab|ba; slow mbit=10; "
+                       "flap down_s=1 up_s=3; straggler cpu=10 (% of one CPU).")
+    prefix_arg(q)
+    q.add_argument("kind", metavar="KIND",
+                   help="loss, slow, down, flap, nicdown, hang or straggler")
+    q.add_argument("target", metavar="TARGET", help="link id, host[/dev], rank or host")
+    q.add_argument("params", nargs="*", metavar="KEY=VALUE", help="fault parameters")
+    q.add_argument("--run", help="the workload a hang/straggler targets (default: latest running)")
+    q.add_argument("--json", action="store_true", help="print the fault record as JSON")
+    q.set_defaults(func=_inject)
+
+    q = lab.add_parser("heal", help="undo a fault (default: every active one)",
+                       description="Undo fault ID (default: all active faults) and log the "
+                       "time.")
+    prefix_arg(q)
+    q.add_argument("id", nargs="?", type=int, metavar="ID", help="fault id")
+    q.add_argument("--json", action="store_true", help="print the healed faults as JSON")
+    q.set_defaults(func=_heal)
+
+    q = lab.add_parser("faults", help="the ground-truth fault log",
+                       description="Every fault injected in this lab: kind, target, parameters, "
+                       "the component C4D should name, injection and heal times (wall clock).")
+    prefix_arg(q)
+    q.add_argument("--json", action="store_true", help="print JSON")
+    q.set_defaults(func=_faults)
+
 
 def _size(text: str) -> int:
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -286,4 +317,54 @@ def _reconnect(args: argparse.Namespace) -> int:
     else:
         for c in conns:
             print(f"{c['id']:8s} {c['saddr']}:{c['sport']} -> {c['daddr']}:{c['dport']}")
+    return 0
+
+
+@_guard
+def _inject(args: argparse.Namespace) -> int:
+    from c4.lab import faults
+    from c4.lab.state import LabState
+
+    st = LabState.open(args.prefix)
+    f = faults.inject(st, args.kind, args.target, faults.parse_params(args.kind, args.params),
+                      args.run)
+    if args.json:
+        _print(f)
+    else:
+        print(f"fault {f['id']}: {f['kind']} on {f['target']} {f['params'] or ''} "
+              f"(C4D should name {f['expect']['kind']} {f['expect']['id']}); heal: c4 lab heal "
+              f"--prefix {st.prefix} {f['id']}")
+    return 0
+
+
+@_guard
+def _heal(args: argparse.Namespace) -> int:
+    from c4.lab import faults
+    from c4.lab.state import LabState
+
+    healed = faults.heal(LabState.open(args.prefix), args.id)
+    if args.json:
+        _print(healed)
+    else:
+        print(f"healed {', '.join(str(f['id']) for f in healed) or 'nothing'}")
+    return 0
+
+
+@_guard
+def _faults(args: argparse.Namespace) -> int:
+    import time
+
+    from c4.lab import faults
+    from c4.lab.state import LabState
+
+    log = faults.faults(LabState.open(args.prefix))
+    if args.json:
+        _print({"faults": log})
+        return 0
+    for f in log:
+        when = time.strftime("%H:%M:%S", time.localtime(f["injected"]))
+        healed = (time.strftime("%H:%M:%S", time.localtime(f["healed"])) if f["healed"]
+                  else "active")
+        print(f"{f['id']:3d} {f['kind']:9s} {f['target']:24s} {when} -> {healed}  expect "
+              f"{f['expect']['kind']} {f['expect']['id']}")
     return 0
