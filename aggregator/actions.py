@@ -43,6 +43,8 @@ from typing import Any, Callable, Sequence
 from c4.core.catalog import DRAINABLE_KINDS, INCIDENT_CLASSES
 from c4.core.config import ConfigError, field
 
+from .schema import migrate
+
 CLASSES = tuple(INCIDENT_CLASSES)
 ACTIONS = ("alert", "drain", "restart")
 DRAIN_BACKENDS = ("slurm", "kubernetes", "exec")
@@ -205,23 +207,6 @@ class _Result:
     stdout: str = ""  # read by the Slurm guard, not recorded
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS actions (
-    id INTEGER PRIMARY KEY,
-    incident INTEGER NOT NULL,
-    action TEXT NOT NULL,
-    target TEXT NOT NULL,
-    backend TEXT NOT NULL,
-    command TEXT NOT NULL,
-    dry_run INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    detail TEXT NOT NULL,
-    exit_code INTEGER,
-    stderr TEXT NOT NULL,
-    duration_s REAL NOT NULL,
-    ts REAL NOT NULL,
-    UNIQUE (incident, action, target)
-)"""
 _COLUMNS = ("id", "incident", "action", "target", "backend", "command", "dry_run", "outcome",
             "detail", "exit_code", "stderr", "duration_s", "ts")
 
@@ -237,8 +222,7 @@ class ActionRunner:
         self.clock = clock
         self.rejected = 0  # incidents refused as malformed
         self._done: deque[tuple[int, list[dict[str, Any]]]] = deque()
-        with self.db:
-            self.db.execute(_SCHEMA)
+        migrate(self.db)
 
     def submit(self, incident: dict[str, Any], now: float) -> None:
         """Inline: act now; the records come back from the next results()."""

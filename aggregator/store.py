@@ -10,23 +10,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS hosts (
-    name TEXT PRIMARY KEY, boot TEXT NOT NULL, hello TEXT NOT NULL,
-    first_seen REAL NOT NULL, last_seen REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS seqs (
-    host TEXT NOT NULL, boot TEXT NOT NULL, contiguous INTEGER NOT NULL,
-    lost INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (host, boot)
-);
-CREATE TABLE IF NOT EXISTS frames (
-    host TEXT NOT NULL, boot TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
-    ts REAL NOT NULL, received REAL NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY (host, boot, seq)
-);
-CREATE INDEX IF NOT EXISTS frames_received ON frames (received);
-"""
-
+from .schema import migrate
 
 def connect(path: str | Path, check_same_thread: bool = True) -> sqlite3.Connection:
     if str(path) != ":memory:":
@@ -41,7 +25,7 @@ def connect(path: str | Path, check_same_thread: bool = True) -> sqlite3.Connect
 class Store:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-        conn.executescript(SCHEMA)
+        migrate(conn)
 
     def begin(self) -> None:
         self.conn.execute("BEGIN")

@@ -16,31 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import DiagnosisConfig
+from ..schema import migrate
 from .findings import CLASS_RANK, Finding
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS incidents (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    class TEXT NOT NULL,
-    state TEXT NOT NULL,
-    job TEXT,
-    comm TEXT,
-    summary TEXT NOT NULL,
-    suspects TEXT NOT NULL,
-    evidence TEXT NOT NULL,
-    matrix TEXT,
-    first_symptom REAL NOT NULL,
-    detected REAL NOT NULL,
-    localised REAL,
-    resolved REAL,
-    updated REAL NOT NULL,
-    actions TEXT NOT NULL,
-    keys TEXT NOT NULL,
-    last_active REAL NOT NULL,
-    hold_s REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS incidents_state ON incidents (state);
-"""
 _COLS = ("class", "state", "job", "comm", "summary", "suspects", "evidence", "matrix",
          "first_symptom", "detected", "localised", "resolved", "updated", "actions", "keys",
          "last_active", "hold_s")
@@ -91,8 +69,7 @@ class Incidents:
         self.cfg = cfg
         self.actions = actions
         self.log = log
-        self.db.executescript(_SCHEMA)
-        self.db.commit()
+        migrate(self.db)
         self.mem: dict[int, Incident] = {}
         self.index: dict[str, int] = {}  # key -> open incident id
         for row in self.db.execute(
@@ -254,19 +231,27 @@ class Incidents:
         if inc.notified and inc.notified[0] == key and abs(inc.notified[1] - conf) < 0.1:
             return
         inc.notified = (key, conf)
-        try:
-            records = self.actions.on_incident(inc.to_dict(), now) or []
-        except Exception:  # an action backend bug must not stop diagnosis
-            self.log.exception("action runner failed on incident %d", inc.id)
+        self.actions.submit(inc.to_dict(), now)
+        self.collect_actions()
+
+    def collect_actions(self) -> None:
+        """Attach the records of finished actions (aggregator/actions.py: inline in replay, a
+        worker thread live) to their incidents."""
+        if self.actions is None:
             return
-        inc.actions.extend(records)
-        if any(r.get("action") == "drain" and r.get("outcome") == "ok" and not r.get("dry_run")
-               for r in records):
-            inc.state = "mitigated"
-        inc.dirty = True
+        for iid, records in self.actions.results():
+            inc = self.mem.get(iid)
+            if inc is None:
+                continue  # evicted from memory; the records stay in the actions table
+            inc.actions.extend(records)
+            if any(r.get("action") == "drain" and r.get("outcome") == "ok" and not r.get("dry_run")
+                   for r in records) and inc.state == "open":
+                inc.state = "mitigated"
+            inc.dirty = True
 
     # -- time -----------------------------------------------------------------------------
     def tick(self, now: float) -> None:
+        self.collect_actions()
         for inc in list(self.mem.values()):
             if inc.state != "resolved" and now - inc.last_active >= inc.hold_s:
                 inc.state = "resolved"
