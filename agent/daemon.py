@@ -26,6 +26,7 @@ from . import bpf_stats
 from .config import AgentConfig
 from .planning import Planning
 from .exporter import AgentMetrics, Exporter, Snapshot
+from .netdevs import netdevs
 from .runner import CollectorRunner
 from .sender import Sender
 
@@ -110,6 +111,10 @@ class Agent:
             body["kernel_boot_id"] = boot_id
         if self.cfg.labels:
             body["labels"] = dict(self.cfg.labels)
+        try:
+            body["netdevs"] = netdevs()
+        except OSError as exc:  # best effort, like the inventory below
+            log.warning("cannot list network interfaces: %s", exc)
         for c in self.collectors:
             try:
                 inv = c.inventory()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from c4.core.catalog import COUNTER_SCALE
+from c4.core.wire.kinds import INV_NIC
 
 from .. import rdma_sysfs as sysfs
 from ..deltas import Change, CounterTracker
@@ -90,12 +91,23 @@ class RdmaCollector(Collector):
 
     def inventory(self) -> dict[str, Any]:
         nics = []
+        truncated = 0
         for dev_dir in sysfs.list_devices(self.ctx.sysfs_root):
             info = sysfs.read_device(dev_dir)
-            nic: dict[str, Any] = {"dev": info.dev, "ports": []}
+            nic: dict[str, Any] = {"dev": info.dev, "ports": [], "pci": info.pci}
             for name in ("node_guid", "fw_ver", "board_id", "hca_type"):
-                if getattr(info, name) is not None:
-                    nic[name] = getattr(info, name)
+                value = getattr(info, name)
+                if value is None:
+                    continue
+                # Descriptive text only: one over-long field (procfs' hfi1 board_id is 72
+                # characters) is cut, counted, and never costs the whole hello.
+                limit = INV_NIC.optional[name].max_len  # type: ignore[attr-defined]
+                if len(value) > limit:
+                    truncated += 1
+                    self.ctx.log.warning("rdma: %s %s is %d characters; sent cut to %d",
+                                         info.dev, name, len(value), limit)
+                    value = value[:limit]
+                nic[name] = value
             for ref in info.ports:
                 status = sysfs.read_port_status(ref)
                 port: dict[str, Any] = {
@@ -109,7 +121,7 @@ class RdmaCollector(Collector):
                     port["rate_gbps"] = status.rate_gbps
                 nic["ports"].append(port)
             nics.append(nic)
-        return {"nics": nics}
+        return {"nics": nics, "inventory_truncated": truncated} if truncated else {"nics": nics}
 
 
 def _port_entry(ref: sysfs.PortRef, status: sysfs.PortStatus, pci: str | None,

@@ -7,9 +7,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from c4.core.topology import Topology, endpoint, pair_id
+from c4.core.topology import Topology, TopologyError, endpoint, pair_id
 
-from .localise import PRIO_ACCESS, PRIO_FABRIC, PRIO_HOST, PRIO_NIC, PRIO_PAIR, Component
+from .localise import (PRIO_ACCESS, PRIO_FABRIC, PRIO_HOST, PRIO_NIC, PRIO_PAIR, Component,
+                       directed)
 from .stats import median
 
 
@@ -125,6 +126,8 @@ class Model:
         for nic in body.get("nics", []):
             rails = [p.get("rail") for p in nic.get("ports", []) if p.get("rail") is not None]
             nics.append((rails[0] if rails else 1 << 20, len(nics), nic["dev"]))
+            if nic.get("pci"):  # the agent's own inventory; a topology file may add more
+                info.pci_dev.setdefault(nic["pci"], nic["dev"])
             for p in nic.get("ports", []):
                 if p.get("netdev"):
                     info.netdev_dev[p["netdev"]] = nic["dev"]
@@ -221,13 +224,28 @@ class Model:
         path = None
         if self.topology is not None:
             path = self.topology.path(s_host, d_host, _dev(s_nic), _dev(d_nic))
-        for link in path or ():
+        for link, to in self._directions(path or [], s_host):
             lk = self.topology.links.get(link) if self.topology else None
             prio = PRIO_FABRIC if lk is not None and lk.kind == "fabric" else PRIO_ACCESS
-            comps.append(("link", link, None, prio))
+            comps.append(("link", directed(link, to) if to else link, None, prio))
         if d_host != s_host:
             comps.append(("link", pair_id(s_host, d_host), None, PRIO_PAIR))
         return path, comps
+
+    def _directions(self, path: list[str], s_host: str) -> list[tuple[str, str | None]]:
+        """(link, the node the connection enters through it) along a learned path: each
+        direction of a cable is its own component (a fault is often in one). Undirected
+        (None) when the path does not start at the sender."""
+        links = self.topology.links if self.topology else {}
+        first = links.get(path[0]) if path else None
+        if first is None:
+            return [(lk, None) for lk in path]
+        start = first.a if first.a.partition("/")[0] == s_host else first.b
+        try:
+            hops = self.topology.orient(start, path)  # type: ignore[union-attr]
+        except (TopologyError, KeyError):
+            return [(lk, None) for lk in path]
+        return [(lid, links[lid].b if fwd else links[lid].a) for lid, fwd in hops]
 
     def exited(self, rk: Rank) -> bool:
         """Its host reported since without it: the process ended (job killed or crashed)."""

@@ -128,3 +128,17 @@ def test_a_section_diagnosis_cannot_use_is_counted_and_the_rest_goes_on(diag):
                                           "state": "down"}), 12.0)
     diag.tick(12.0)
     assert diag.incidents()[0]["suspects"][0]["id"] == "h1/mlx5_1"
+
+
+def test_uncorrected_aer_names_the_nic_from_the_agents_inventory(diag):
+    """No topology file: the agent's hello carries each NIC's PCI address, so an AER on it
+    names (and can drain) that NIC, not the whole host."""
+    h = hello("h1")
+    h.body["nics"][0]["pci"] = "0000:5e:00.0"  # mlx5_1
+    diag.observe(h, 10.5)
+    diag.observe(event("h1", "pcie_aer", {"pci": "0000:5e:00.0", "severity": "fatal",
+                                          "port": "0000:5d:00.0", "text": "x"}), 11.0)
+    diag.tick(11.0)
+    (inc,) = diag.incidents()
+    assert inc["class"] == "hw_aer"
+    assert (inc["suspects"][0]["kind"], inc["suspects"][0]["id"]) == ("nic", "h1/mlx5_1")

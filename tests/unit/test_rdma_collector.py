@@ -239,3 +239,22 @@ def test_node_exporter_names_cover_the_ib_counters(fixtures):
     assert (NODE_EXPORTER_METRICS["port_xmit_data"]
             == "node_infiniband_port_data_transmitted_bytes_total")
     assert set(COUNTER_SCALE) == {"port_xmit_data", "port_rcv_data"}
+
+
+def test_inventory_carries_each_nics_pci_address(fixtures):
+    nics = {n["dev"]: n for n in collector(fixtures / "sysfs/mlx5_2dev").inventory()["nics"]}
+    assert nics["mlx5_1"]["pci"] == "0000:5e:00.0"
+
+
+def test_an_over_long_board_id_is_cut_not_the_hello(fixtures, tmp_path):
+    """procfs' real hfi1_0 fixture has this 72-character board_id; the wire takes 64. The
+    whole hello used to fail validation, so the agent dropped every hello, forever."""
+    root = tmp_path / "sys"
+    shutil.copytree(fixtures / "sysfs/mlx5_2dev", root, symlinks=True)
+    long_id = "HPE 100Gb 1-port OP101 QSFP28 x16 PCIe Gen3 with Intel Omni-Path Adapter"
+    (root / "class/infiniband/mlx5_0/board_id").write_text(long_id + "\n")
+    inv = collector(root).inventory()
+    kinds.validate_body("hello", {"agent_version": "t", "interval": 1.0, "collectors": {}, **inv})
+    nics = {n["dev"]: n for n in inv["nics"]}
+    assert nics["mlx5_0"]["board_id"] == long_id[:64]
+    assert inv["inventory_truncated"] == 1

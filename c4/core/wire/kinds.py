@@ -54,9 +54,11 @@ INV_PORT = Record(
 )
 INV_NIC = Record(
     required={"dev": IDENT, "ports": List(INV_PORT, 64)},
-    optional={"node_guid": Str(32), "fw_ver": Str(64), "board_id": Str(64), "hca_type": Str(64)},
+    optional={"node_guid": Str(32), "fw_ver": Str(64), "board_id": Str(64), "hca_type": Str(64),
+              "pci": Nullable(IDENT)},
     doc={"dev": "RDMA device name", "ports": "its ports", "node_guid": "node GUID",
-         "fw_ver": "firmware version", "board_id": "board id", "hca_type": "HCA type"},
+         "fw_ver": "firmware version", "board_id": "board id (cut to 64 characters)",
+         "hca_type": "HCA type", "pci": "PCI address (domain:bus:device.function), so a PCIe AER names the NIC"},
 )
 
 HELLO = Record(
@@ -74,6 +76,7 @@ HELLO = Record(
             doc={"name": "interface", "mac": "hardware address", "mtu": "MTU",
                  "addrs": "IP addresses"}), 1024),
         "labels": Map(IDENT, Str(256), 64),
+        "inventory_truncated": Int(0, 1 << 31),
     },
     doc={
         "agent_version": "agent software version",
@@ -84,6 +87,7 @@ HELLO = Record(
         "kernel": "kernel release",
         "netdevs": "network interfaces",
         "labels": "free-form labels from the agent config (rack, job scheduler node name)",
+        "inventory_truncated": "inventory text fields cut to fit (e.g. a 72-character board_id)",
     },
 )
 
