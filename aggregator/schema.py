@@ -47,6 +47,14 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (incident, action, target)
     );
     """,
+    # 2: C4P plans pushed to the agents and what each assignment did (planner/service.py).
+    """
+    CREATE TABLE plans (
+        id TEXT PRIMARY KEY, created REAL NOT NULL, reason TEXT NOT NULL,
+        epoch INTEGER NOT NULL, max_before REAL, max_after REAL, body TEXT NOT NULL,
+        results TEXT NOT NULL
+    );
+    """,
 )
 VERSION = len(MIGRATIONS)
 

@@ -56,11 +56,11 @@ def test_migrations_apply_in_order_and_a_failed_one_changes_nothing(tmp_path: Pa
     conn = connect(tmp_path / "m.db")
     migrate(conn)
     later = (*MIGRATIONS, "ALTER TABLE hosts ADD COLUMN rack TEXT;",
-             "CREATE TABLE plans (id INTEGER PRIMARY KEY); SELECT no_such_function();")
+             "CREATE TABLE not_yet (id INTEGER PRIMARY KEY); SELECT no_such_function();")
     with pytest.raises(sqlite3.OperationalError):
         migrate(conn, later)
     # The good step landed with its version; the failing one left no table behind.
     assert conn.execute("PRAGMA user_version").fetchone() == (VERSION + 1,)
     cols = [r[1] for r in conn.execute("PRAGMA table_info(hosts)")]
     assert "rack" in cols
-    assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'plans'").fetchone() is None
+    assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'not_yet'").fetchone() is None

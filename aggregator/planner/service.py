@@ -1,0 +1,506 @@
+"""C4P inside the aggregator: flows from reports, paths from probes, link health from C4D
+incidents, plans out as `plan` frames, `plan_result` back (docs/planning.md).
+
+Fed by ingest like diagnosis (`observe`, `tick`); frames for agents wait in `outbox` until the
+server sends them. The API thread reads `view()` and calls `apply()` under the aggregator's
+lock.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from c4.core.topology import Topology, endpoint
+from c4.core.wire import Frame
+from c4.core.wire.kinds import PROBE_SPORTS_MAX
+
+from ..schema import migrate
+from . import solver
+from .config import PlanningConfig
+from .model import Arcs, Built, Flow, Health, build, choose_ports
+from .pathmap import PathMap
+
+ROCE_PORTS = (0xC000, 0xFFFF)
+LINK_DOWN = ("hw_link_flap", "hw_nic_down")  # incident classes that take a link out
+FLOW_TTL_S = 60.0  # a flow no report mentioned for this long is gone
+
+
+@dataclass
+class Proposal:
+    built: Built
+    result: solver.Result
+    ports: list[int]
+    current_util: float | None
+    made: float
+    reason: str
+
+
+@dataclass
+class Applied:
+    id: str
+    created: float
+    reason: str
+    assignments: dict[str, dict[str, Any]]  # assignment id -> what was sent (+ host)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> applied/failed
+
+
+class Planner:
+    def __init__(self, topology: Topology, cfg: PlanningConfig, db: sqlite3.Connection,
+                 log: logging.Logger | None = None, name: str = "aggregator",
+                 incidents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+        self.topo = topology
+        self.cfg = cfg
+        self.db = db
+        self.log = log or logging.getLogger("c4.aggregator.planner")
+        self.name = name
+        self.incidents = incidents or (lambda: [])
+        migrate(db)
+        self.arcs = Arcs(topology)
+        self.pathmap = PathMap(cfg.path_ttl_s)
+        self.health = Health()
+        self.flows: dict[str, dict[str, Flow]] = {}  # host -> flow id -> flow
+        self.gids: dict[str, str] = {}  # GID -> endpoint
+        self.addrs: dict[str, str] = {}  # IP -> endpoint
+        self.ep_addr: dict[str, str] = {}  # endpoint -> IP
+        self.outbox: list[tuple[str, str, dict[str, Any]]] = []  # (host, kind, body)
+        self.asked: dict[tuple[str, str, str], float] = {}  # endpoint pair -> last probe
+        self.pending: dict[str, dict[str, tuple[str, str, str]]] = {}  # probe id -> id -> key
+        self.host_probe: dict[str, float] = {}
+        self.tokens = cfg.probe_sports_per_s
+        self.tokens_at = 0.0
+        self.proposal: Proposal | None = None
+        self.applied: Applied | None = None
+        self.in_effect: dict[str, int] = {}  # flow id -> port a plan_result confirmed
+        self.epoch = int(db.execute("SELECT COALESCE(MAX(epoch), 0) FROM plans").fetchone()[0])
+        self.next_plan = 0.0
+        self.rng = random.Random(0)
+        self.stats = {"probes_sent": 0, "probe_results": 0, "paths_learned": 0,
+                      "paths_unresolved": 0, "plans_applied": 0, "replans": 0}
+        for h in topology.hosts.values():
+            for n in h.nics:
+                if n.addr:
+                    self.addrs[n.addr] = endpoint(h.name, n.dev)
+                    self.ep_addr.setdefault(endpoint(h.name, n.dev), n.addr)
+
+    # -- inputs -----------------------------------------------------------------------------
+    def observe(self, frame: Frame, now: float) -> None:
+        try:
+            if frame.kind == "hello":
+                self._hello(frame.host, frame.body)
+            elif frame.kind == "report":
+                self._report(frame.host, frame.body, now)
+            elif frame.kind == "probe_result":
+                self._probe_result(frame.host, frame.body, now)
+            elif frame.kind == "plan_result":
+                self._plan_result(frame.host, frame.body, now)
+        except (KeyError, TypeError, ValueError) as exc:  # one odd frame loses only itself
+            self.log.warning("planner skipped a %s from %s: %r", frame.kind, frame.host, exc)
+
+    def _hello(self, host: str, body: dict[str, Any]) -> None:
+        th = self.topo.hosts.get(host)
+        if th is None:
+            return
+        for nic in body.get("nics", []):
+            for p in nic.get("ports", []):
+                ep = endpoint(host, nic["dev"])
+                for gid in p.get("gids", []):
+                    self.gids[gid] = ep
+        for nd in body.get("netdevs", []):
+            nic = self.topo.nic_by_netdev(host, nd["name"])
+            if nic is None:
+                continue
+            for a in nd.get("addrs", []):
+                ip = _bare(a)
+                self.addrs[ip] = endpoint(host, nic.dev)
+                self.ep_addr.setdefault(endpoint(host, nic.dev), ip)
+
+    def _report(self, host: str, body: dict[str, Any], now: float) -> None:
+        """Reports list changed QPs and connections: update those, drop the destroyed and
+        closed ones; the rest stay until `FLOW_TTL_S` without a mention."""
+        if host not in self.topo.hosts:
+            return
+        flows = self.flows.setdefault(host, {})
+        rdma = body.get("rdma") or {}
+        tx = {(p["dev"], p["port"]): p.get("rates", {}).get("port_xmit_bytes")
+              for p in rdma.get("ports", [])}
+        vq = body.get("verbs_qp")
+        if vq is not None:
+            # the uprobe sees no device: the kernel's QP list (same lqpn and pid) names it,
+            # and a host with one RDMA device needs none
+            devs = {(n["lqpn"], n["pid"]): n["dev"] for n in vq.get("netlink", [])}
+            only = {n.dev for n in self.topo.hosts[host].nics}
+            qps = [(q, devs.get((q["lqpn"], q["pid"])) or (next(iter(only)) if len(only) == 1
+                                                           else None))
+                   for q in vq.get("qps", []) if q["qp_type"] in ("RC", "UC")]
+            live = [(q, dev) for q, dev in qps if dev and not q["destroyed"] and
+                    q["state"] == "RTS" and q.get("dgid") and q.get("sport") is not None]
+            per_port: dict[tuple[str, int], int] = {}
+            for q, dev in live:
+                per_port[(dev, q["port"])] = per_port.get((dev, q["port"]), 0) + 1
+            for q, dev in qps:
+                fid = f"qp:{dev}:{q['lqpn']}"
+                flows.pop(fid, None)
+                dst = self.gids.get(q.get("dgid") or "")
+                if (q, dev) not in live or dst is None or dst.partition("/")[0] == host:
+                    continue
+                rate = tx.get((dev, q["port"]))
+                # the port's transmit rate split over its connected QPs; 1 when unmeasured
+                demand = rate / per_port[(dev, q["port"])] if rate else 1.0
+                flows[fid] = Flow(fid, host, endpoint(host, dev), dst, "roce", q["sport"],
+                                  demand, meta={"dev": dev, "lqpn": q["lqpn"],
+                                                "rqpn": q["rqpn"], "pid": q["pid"], "seen": now})
+        tcp = body.get("tcp_flows")
+        if tcp is not None:
+            if tcp.get("refresh"):
+                for fid in [k for k, f in flows.items() if f.proto == "tcp"]:
+                    del flows[fid]
+            for f in tcp.get("flows", []):
+                fid = _ident(f"tcp:{_bare(f['saddr'])}:{f['sport']}:{_bare(f['daddr'])}:"
+                             f"{f['dport']}")
+                flows.pop(fid, None)
+                if f["closed"] or f["state"] != "ESTABLISHED":
+                    continue
+                src, dst = self.addrs.get(_bare(f["saddr"])), self.addrs.get(_bare(f["daddr"]))
+                if src is None or dst is None or src.partition("/")[0] != host or \
+                        dst.partition("/")[0] == host:
+                    continue
+                flows[fid] = Flow(fid, host, src, dst, "tcp", f["sport"],
+                                  max(float(f["bytes_acked_rate"]), 1.0), f["dport"],
+                                  f.get("job"), meta={"pid": f["pid"], "src": _bare(f["saddr"]),
+                                                      "dst": _bare(f["daddr"]), "seen": now})
+        for fid in [k for k, f in flows.items() if now - f.meta["seen"] > FLOW_TTL_S]:
+            del flows[fid]
+
+    def _probe_result(self, host: str, body: dict[str, Any], now: float) -> None:
+        asked = self.pending.pop(body["probe_id"], {})
+        self.stats["probe_results"] += 1
+        for r in body["results"]:
+            key = asked.get(r["id"])
+            if key is None or r.get("error"):
+                continue
+            src, dst, proto = key
+            hops = list(r["hops"])
+            links = self.topo.links_from_hops(src, dst, hops) if r["reached"] else None
+            if links is None:
+                self.stats["paths_unresolved"] += 1
+                continue
+            self.pathmap.learn(src, dst, proto, r["sport"], links, now)
+            self.stats["paths_learned"] += 1
+
+    def _plan_result(self, host: str, body: dict[str, Any], now: float) -> None:
+        ap = self.applied
+        if ap is None or body["plan_id"] != ap.id:
+            return
+        for a in body["applied"]:
+            if a["id"] in ap.assignments:
+                ap.results[a["id"]] = {"ok": True, "sport": a["sport"], "at": now}
+                self.in_effect[a["id"]] = a["sport"]
+        for a in body["failed"]:
+            if a["id"] in ap.assignments:
+                ap.results[a["id"]] = {"ok": False, "reason": a["reason"], "at": now}
+        self.db.execute("UPDATE plans SET results=? WHERE id=?",
+                        (json.dumps(ap.results, sort_keys=True), ap.id))
+
+    # -- time -------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        if not self.cfg.enabled:
+            return
+        self.pathmap.expire(now)
+        self._probe(now)
+        changed = self._update_health()
+        if changed and self.cfg.replan_on_incident:
+            self.stats["replans"] += 1
+            p = self.propose(now, "link health changed: " + ", ".join(sorted(changed)),
+                             replan=True)
+            if self.cfg.auto_apply and p is not None and p.result.moved:
+                self.apply(now)
+        elif now >= self.next_plan:
+            self.next_plan = now + self.cfg.interval_s
+            p = self.propose(now, "periodic")
+            if self.cfg.auto_apply and p is not None and p.current_util and \
+                    p.result.max_util <= p.current_util * (1 - self.cfg.min_gain):
+                self.apply(now)
+
+    def host_silent(self, host: str, last_seen: float, now: float) -> None:
+        self.flows.pop(host, None)
+
+    def host_back(self, host: str, now: float) -> None:
+        pass
+
+    def _update_health(self) -> set[str]:
+        """Link health from open incidents; returns the links whose state changed."""
+        down: set[str] = set()
+        suspect: dict[str, str] = {}
+        for inc in self.incidents():
+            if inc.get("state") == "resolved" or not inc.get("suspects"):
+                continue
+            top = inc["suspects"][0]
+            if top.get("confidence", 0.0) < self.cfg.suspect_confidence:
+                continue
+            links = self._links_of(top)
+            if inc["class"] in LINK_DOWN:
+                down.update(links)
+            elif inc["class"] in ("comm_slow", "comm_hang"):
+                for lk in links:
+                    suspect[lk] = f"incident {inc['id']}: {inc['class']}"
+        changed = (down ^ self.health.down) | (set(suspect) ^ set(self.health.suspect))
+        for lk in (down | set(suspect)) - self.health.down - set(self.health.suspect):
+            self.pathmap.forget_link(lk)  # the fabric may route around it differently now
+        self.health = Health(down, suspect)
+        return changed
+
+    def _links_of(self, suspect: dict[str, Any]) -> list[str]:
+        if suspect.get("kind") == "link" and suspect.get("id") in self.topo.links:
+            return [suspect["id"]]
+        if suspect.get("kind") == "nic":
+            host, _, dev = str(suspect.get("id")).partition("/")
+            h = self.topo.hosts.get(host)
+            return [lid for n in (h.ports(dev) if h else []) for lid in self.topo.links
+                    if self.topo.links[lid].a == endpoint(host, n.name)]
+        return []
+
+    # -- probing ----------------------------------------------------------------------------
+    def _probe(self, now: float) -> None:
+        """Ask the source hosts to trace the endpoint pairs whose known ports are too few,
+        within the per-host and global rate limits."""
+        self.tokens = min(self.cfg.probe_sports_per_s,
+                          self.tokens + (now - self.tokens_at) * self.cfg.probe_sports_per_s)
+        self.tokens_at = now
+        for host, flows in sorted(self.flows.items()):
+            if self.tokens <= 0:
+                break  # the bucket may go into debt by one request; it refills first
+            if now - self.host_probe.get(host, -1e18) < self.cfg.probe_host_interval_s:
+                continue
+            probes: list[dict[str, Any]] = []
+            ids: dict[str, tuple[str, str, str]] = {}
+            sports_total = 0
+            for fl in flows.values():
+                key = (fl.src, fl.dst, fl.proto)
+                if key in ids.values() or now - self.asked.get(key, -1e18) < self.cfg.probe_retry_s:
+                    continue
+                known = self.pathmap.ports(fl.src, fl.dst, fl.proto, now)
+                if len(known) >= self.cfg.probe_ports:
+                    continue
+                dst_ip, src_ip = self.ep_addr.get(fl.dst), self.ep_addr.get(fl.src)
+                if dst_ip is None:
+                    continue
+                want = self.cfg.probe_ports - len(known)
+                lo, hi = ROCE_PORTS if fl.proto == "roce" else self.cfg.tcp_ports
+                sports = [] if fl.sport is None or fl.sport in known or fl.proto == "tcp" \
+                    else [fl.sport]
+                while len(sports) < want:
+                    p = self.rng.randint(lo, hi)
+                    if p not in known and p not in sports:
+                        sports.append(p)
+                if probes and sports_total + len(sports) > min(PROBE_SPORTS_MAX, self.tokens):
+                    break
+                pid = f"x{len(probes)}"
+                probe: dict[str, Any] = {"id": pid, "proto": fl.proto, "dst": dst_ip,
+                                         "sports": sports, "dev": fl.src.partition("/")[2],
+                                         "dport": fl.dport}
+                if src_ip:
+                    probe["src"] = src_ip
+                probes.append(probe)
+                ids[pid] = key
+                sports_total += len(sports)
+                self.asked[key] = now
+                if len(probes) >= 256:
+                    break
+            if probes:
+                probe_id = f"probe-{int(now * 1000)}-{len(self.pending)}"
+                self.pending[probe_id] = ids
+                self.outbox.append((host, "probe", {"probe_id": probe_id, "probes": probes,
+                                                    "reason": "flows without known paths"}))
+                self.tokens -= sports_total
+                self.host_probe[host] = now
+                self.stats["probes_sent"] += 1
+        while len(self.pending) > 1024:  # answers that never came
+            self.pending.pop(next(iter(self.pending)))
+
+    # -- plans ------------------------------------------------------------------------------
+    def all_flows(self) -> list[Flow]:
+        out = []
+        for host in sorted(self.flows):
+            for fl in self.flows[host].values():
+                port = self.in_effect.get(fl.id)
+                if port is not None and port != fl.sport and fl.proto == "roce":
+                    fl = Flow(fl.id, fl.host, fl.src, fl.dst, fl.proto, port, fl.demand,
+                              fl.dport, fl.job, fl.meta)
+                out.append(fl)
+        return out
+
+    def propose(self, now: float, reason: str, replan: bool = False) -> Proposal | None:
+        """Plan the live flows; `replan`: keep every flow whose path is still usable."""
+        b = build(self.topo, self.all_flows(), self.pathmap, self.health, now,
+                  self.cfg.suspect_factor, self.arcs)
+        if b.inst is None:
+            self.proposal = None
+            return None
+        complete = all(k >= 0 for k in b.current)
+        current_util = solver.max_util(b.inst, b.current) if complete else None
+        if replan:
+            r = solver.replan(b.inst, b.current, self.cfg.budget_s)
+        else:
+            r = solver.plan(b.inst, b.current, self.cfg.budget_s)
+        self.proposal = Proposal(b, r, choose_ports(b, r.assign), current_util, now, reason)
+        return self.proposal
+
+    def apply(self, now: float) -> dict[str, Any]:
+        """Send the proposal's moves to the hosts that own the flows."""
+        p = self.proposal or self.propose(now, "apply")
+        if p is None:
+            return {"plan_id": None, "assignments": 0, "hosts": [],
+                    "reason": "nothing to plan (no flows with known paths)"}
+        self.epoch += 1
+        plan_id = f"plan-{self.epoch}"
+        per_host: dict[str, list[dict[str, Any]]] = {}
+        sent: dict[str, dict[str, Any]] = {}
+        b = p.built
+        for f in p.result.moved:
+            fl = b.flows[f]
+            port = p.ports[f]
+            if port == fl.sport:
+                continue
+            a: dict[str, Any] = {"id": fl.id, "proto": fl.proto, "sport": port}
+            if fl.sport is not None:
+                a["old_sport"] = fl.sport
+            for k in ("dev", "lqpn", "rqpn", "pid", "src", "dst"):
+                if fl.meta.get(k) is not None:
+                    a[k] = fl.meta[k]
+            if fl.proto == "tcp":
+                a["dport"] = fl.dport
+            per_host.setdefault(fl.host, []).append(a)
+            sent[fl.id] = {**a, "host": fl.host, "path": list(b.paths[f][p.result.assign[f]])}
+        for host, assignments in sorted(per_host.items()):
+            self.outbox.append((host, "plan", {"plan_id": plan_id, "assignments": assignments,
+                                               "epoch": self.epoch, "reason": p.reason[:256]}))
+        self.applied = Applied(plan_id, now, p.reason, sent)
+        self.db.execute("INSERT INTO plans VALUES (?,?,?,?,?,?,?,?)", (
+            plan_id, now, p.reason, self.epoch, p.current_util, p.result.max_util,
+            json.dumps(sent, sort_keys=True), "{}"))
+        self.stats["plans_applied"] += 1
+        self.proposal = None
+        return {"plan_id": plan_id, "assignments": len(sent), "hosts": sorted(per_host),
+                "reason": p.reason}
+
+    def take_outbox(self) -> list[tuple[str, str, dict[str, Any]]]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    # -- API --------------------------------------------------------------------------------
+    def view(self, now: float, links: int = 20, moves: int = 200) -> dict[str, Any]:
+        p = self.proposal
+        if p is None or now - p.made > self.cfg.interval_s:
+            p = self.propose(now, "requested")
+        out: dict[str, Any] = {
+            "enabled": self.cfg.enabled, "auto_apply": self.cfg.auto_apply,
+            "flows": sum(len(v) for v in self.flows.values()),
+            "pathmap": {"entries": len(self.pathmap), "probes_pending": len(self.pending)},
+            "health": {"down": sorted(self.health.down), "suspect": self.health.suspect},
+            "stats": dict(self.stats), "proposal": None, "last_plan": self._last_plan()}
+        if p is None:
+            return out
+        b, r = p.built, p.result
+        reasons: dict[str, int] = {}
+        for _, why in b.unplanned:
+            reasons[why] = reasons.get(why, 0) + 1
+        cur = _arc_util(b, b.current)
+        new = _arc_util(b, r.assign)
+        rows = []
+        for a in sorted(set(cur) | set(new), key=lambda a: -max(cur.get(a, 0), new.get(a, 0)))[:links]:
+            lid, fwd = b.arcs[a]
+            lk = self.topo.links[lid]
+            rows.append({"link": lid, "from": lk.a if fwd else lk.b, "to": lk.b if fwd else lk.a,
+                         "gbps": lk.gbps, "kind": lk.kind, "current": round(cur.get(a, 0.0), 4),
+                         "proposed": round(new.get(a, 0.0), 4),
+                         "health": "down" if lid in self.health.down else
+                         "suspect" if lid in self.health.suspect else "ok"})
+        mv = []
+        for f in r.moved[:moves]:
+            fl = b.flows[f]
+            mv.append({"flow": fl.id, "host": fl.host, "proto": fl.proto, "src": fl.src,
+                       "dst": fl.dst, "from": fl.sport, "to": p.ports[f],
+                       "from_path": list(b.paths[f][b.current[f]]) if b.current[f] >= 0 else None,
+                       "to_path": list(b.paths[f][r.assign[f]])})
+        out["proposal"] = {
+            "reason": p.reason, "made": p.made, "planned": len(b.flows),
+            "unplanned": len(b.unplanned), "unplanned_reasons": reasons,
+            "current_max_util": None if p.current_util is None else round(p.current_util, 4),
+            "proposed_max_util": round(r.max_util, 4), "moved": len(r.moved),
+            "plan_ms": round(r.seconds * 1e3, 2), "links": rows, "moves": mv}
+        return out
+
+    def _last_plan(self) -> dict[str, Any] | None:
+        ap = self.applied
+        if ap is None:
+            return None
+        failed = [{"id": i, "reason": r["reason"]} for i, r in ap.results.items() if not r["ok"]]
+        return {"id": ap.id, "created": ap.created, "reason": ap.reason,
+                "assignments": len(ap.assignments),
+                "applied": sum(1 for r in ap.results.values() if r["ok"]),
+                "failed": failed,
+                "waiting": sorted(i for i in ap.assignments if i not in ap.results)[:100]}
+
+
+def _arc_util(b: Built, assign: list[int]) -> dict[int, float]:
+    if b.inst is None:
+        return {}
+    load = b.inst.base.copy()
+    for f, k in enumerate(assign):
+        if k >= 0:
+            for a in b.inst.cand[f][k]:
+                load[a] += b.inst.demand[f]
+    return {int(a): float(load[a] / b.inst.cap[a]) for a in load.nonzero()[0]}
+
+
+def _bare(addr: str) -> str:
+    addr = addr.partition("/")[0]
+    return addr[7:] if addr.startswith("::ffff:") and "." in addr else addr
+
+
+def _ident(s: str) -> str:
+    """An assignment id fits the wire's 64-character identifier."""
+    s = s.replace("[", "").replace("]", "")
+    return s if len(s) <= 64 else "tcp:" + hashlib.sha1(s.encode()).hexdigest()[:32]
+
+
+
+class Sinks:
+    """Ingest's one frame sink fanned out to diagnosis and the planner, in that order (the
+    planner reads diagnosis' incidents)."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = [s for s in sinks if s is not None]
+
+    def observe(self, frame: Frame, now: float) -> None:
+        for s in self.sinks:
+            s.observe(frame, now)
+
+    def tick(self, now: float) -> None:
+        for s in self.sinks:
+            s.tick(now)
+
+    def host_silent(self, host: str, last_seen: float, now: float) -> None:
+        for s in self.sinks:
+            s.host_silent(host, last_seen, now)
+
+    def host_back(self, host: str, now: float) -> None:
+        for s in self.sinks:
+            s.host_back(host, now)
+
+
+def build_planner(table: dict[str, Any], db: sqlite3.Connection, topology: Topology | None,
+                  diagnosis: Any, name: str = "aggregator") -> Planner | None:
+    """The aggregator's planner from its `[planning]` table; None without a topology."""
+    from c4.core import config as c4config
+
+    cfg = c4config.build(PlanningConfig, table, "planning")
+    if topology is None or not cfg.enabled:
+        return None
+    return Planner(topology, cfg, db, logging.getLogger("c4.aggregator.planner"), name,
+                   (lambda: diagnosis.incidents("open")) if diagnosis is not None else None)

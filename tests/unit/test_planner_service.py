@@ -1,0 +1,192 @@
+"""The planner inside the aggregator: frames in (hello, report, probe_result, plan_result),
+probe and plan frames out, link incidents -> re-plan; the API route and `c4 plan`."""
+from __future__ import annotations
+
+import sqlite3
+
+from c4.aggregator.planner.config import PlanningConfig
+from c4.aggregator.planner.service import Planner
+from c4.core import wire
+from c4.core.topology import Topology
+from c4.core.wire import Frame
+
+
+def topo_with_addresses() -> Topology:
+    """4 hosts on 2 leaves, 2 spines, 2:1 oversubscribed (the fabric is the bottleneck);
+    every switch answers probes from a loopback."""
+    t = Topology.clos(4, 1, hosts_per_leaf=2, spines=2, oversubscription=2.0)
+    for i, name in enumerate(t.switches):
+        t.switches[name].addrs = [f"10.255.0.{i + 1}"]
+    for i, h in enumerate(sorted(t.hosts)):
+        t.hosts[h].nics[0].addr = f"10.0.0.{i + 1}"
+    t._addrs = None
+    return t
+
+
+def frame(kind: str, host: str, body: dict, seq: int = 1) -> Frame:
+    f = Frame(kind, host, "boot1", seq, 1000.0, body)
+    return wire.decode(wire.encode(f))  # exactly what ingest would hand over
+
+
+def hello(host: str, ip: str) -> dict:
+    return {"agent_version": "t", "interval": 1.0, "collectors": {},
+            "nics": [{"dev": "mlx5_0", "ports": [{"port": 1, "state": "ACTIVE",
+                                                  "netdev": "eth0"}]}],
+            "netdevs": [{"name": "eth0", "addrs": [f"{ip}/24"]}]}
+
+
+def tcp_report(src_ip: str, dst_ip: str, sports: list[int]) -> dict:
+    flows = []
+    for sp in sports:
+        flows.append({"saddr": src_ip, "daddr": dst_ip, "sport": sp, "dport": 29500,
+                      "family": "ipv4", "netns": 1, "pid": 42, "comm": "python",
+                      "state": "ESTABLISHED", "bytes_acked": 10, "bytes_received": 0,
+                      "retrans_segs": 0, "bytes_acked_delta": 10, "bytes_received_delta": 0,
+                      "retrans_segs_delta": 0, "bytes_acked_rate": 5e9,
+                      "bytes_received_rate": 0.0, "srtt_us": 10, "cwnd": 10, "closed": False})
+    return {"interval": 1.0, "health": {}, "tcp_flows": {
+        "flows": flows, "omitted": 0, "tracked": len(flows), "map_full": 0, "drops": {},
+        "drops_delta": {}}}
+
+
+def trace(t: Topology, src: str, dst: str, sport: int) -> list[str]:
+    """What the fabric does with a 5-tuple: a hash over the equal-cost paths; the routers on
+    it answer from their loopbacks."""
+    path = t.ecmp_path(src, dst, "tcp", sport, 29500)
+    hops, cur = [], t.links[path[0]].a
+    for lid, fwd in t.orient(cur, path[:-1]):
+        node = t.links[lid].b if fwd else t.links[lid].a
+        hops.append(t.switches[node].addrs[0])
+    return hops
+
+
+def planner(incidents=None, **cfg) -> tuple[Planner, Topology]:
+    t = topo_with_addresses()
+    p = Planner(t, PlanningConfig(probe_ports=8, probe_host_interval_s=0, **cfg),
+                sqlite3.connect(":memory:"), incidents=incidents)
+    for i, h in enumerate(sorted(t.hosts)):
+        p.observe(frame("hello", h, hello(h, f"10.0.0.{i + 1}")), 0.0)
+    return p, t
+
+
+def colliding(p: Planner, t: Topology) -> list[int]:
+    """Two connections node000 -> node002 whose ports hash onto the same spine."""
+    same = [sp for sp in range(40000, 41000)
+            if t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500)[1] ==
+            "leaf000-spine00"][:2]
+    p.observe(frame("report", "node000", tcp_report("10.0.0.1", "10.0.0.3", same)), 1.0)
+    return same
+
+
+def answer_probes(p: Planner, t: Topology, now: float) -> int:
+    n = 0
+    for host, kind, body in p.take_outbox():
+        assert kind == "probe" and host == "node000"
+        wire.encode(Frame(kind, "aggregator", "b", 1, now, body))  # valid on the wire
+        results = []
+        for pr in body["probes"]:
+            for sp in pr["sports"]:
+                results.append({"id": pr["id"], "sport": sp, "reached": True,
+                                "hops": trace(t, "node000/mlx5_0", "node002/mlx5_0", sp)})
+        p.observe(frame("probe_result", host, {"probe_id": body["probe_id"],
+                                               "results": results}), now)
+        n += len(results)
+    return n
+
+
+def test_probe_learn_plan_apply_and_results():
+    p, t = planner()
+    same = colliding(p, t)
+    p.tick(2.0)
+    assert answer_probes(p, t, 2.0) == 8 + 2 - 2  # 8 ports wanted; tcp never probes its own
+    assert p.stats["paths_learned"] == 8
+    # the current ports' paths are not known (a live connection owns them): learn them as
+    # the agent would from a later probe of a fresh port that happened to reuse them
+    for sp in same:
+        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+                        t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 2.0)
+    v = p.view(3.0)["proposal"]
+    assert v["current_max_util"] > v["proposed_max_util"]
+    assert v["moved"] == 1 and v["moves"][0]["from"] in same
+    spines = {m["to_path"][1] for m in v["moves"]}
+    assert spines == {"leaf000-spine01"}
+    out = p.apply(3.0)
+    assert out["hosts"] == ["node000"] and out["assignments"] == 1
+    [(host, kind, body)] = p.take_outbox()
+    assert (host, kind) == ("node000", "plan")
+    wire.encode(Frame(kind, "aggregator", "b", 1, 3.0, body))
+    a = body["assignments"][0]
+    assert a["proto"] == "tcp" and a["dport"] == 29500 and a["old_sport"] in same
+    p.observe(frame("plan_result", "node000", {"plan_id": body["plan_id"], "applied": [],
+                                               "failed": [{"id": a["id"],
+                                                           "reason": "ECONNREFUSED"}]}), 4.0)
+    last = p.view(4.0)["last_plan"]
+    assert last["failed"] == [{"id": a["id"], "reason": "ECONNREFUSED"}]
+    row = p.db.execute("SELECT results FROM plans WHERE id=?", (body["plan_id"],)).fetchone()
+    assert "ECONNREFUSED" in row[0]
+
+
+def test_probes_are_rate_limited_and_not_repeated():
+    p, t = planner()
+    p.cfg.probe_sports_per_s = 5.0
+    p.tokens = 5.0
+    colliding(p, t)
+    p.observe(frame("report", "node001", tcp_report("10.0.0.2", "10.0.0.4", [40000])), 1.0)
+    p.tick(1.0)
+    assert [h for h, _, _ in p.take_outbox()] == ["node000"]  # 8 ports: the bucket is empty
+    p.tick(1.5)
+    assert p.take_outbox() == []  # still in debt
+    p.tick(2.5)
+    assert [h for h, _, _ in p.take_outbox()] == ["node001"]
+    p.tick(10.0)
+    assert p.take_outbox() == []  # both pairs asked within probe_retry_s
+
+
+def test_a_link_incident_replans_off_the_link_and_auto_applies():
+    incidents: list[dict] = []
+    p, t = planner(lambda: incidents, auto_apply=True)
+    same = colliding(p, t)
+    for sp in list(range(41000, 41016)) + same:
+        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+                        t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 1.0)
+    p.tick(1.0)
+    p.take_outbox()
+    incidents.append({"id": 7, "class": "hw_link_flap", "state": "open",
+                      "suspects": [{"kind": "link", "id": "leaf000-spine00",
+                                    "confidence": 0.9}]})
+    p.tick(2.0)
+    plans = [b for _, k, b in p.take_outbox() if k == "plan"]
+    assert len(plans) == 1 and len(plans[0]["assignments"]) == 2  # both left the link
+    assert p.health.down == {"leaf000-spine00"}
+    assert all(not any("spine00" in lid for lid in sent["path"])
+               for sent in p.applied.assignments.values())
+    # no entry through the down link survives in the path map
+    assert all("leaf000-spine00" not in path for path in
+               p.pathmap.ports("node000/mlx5_0", "node002/mlx5_0", "tcp", 2.0).values())
+
+
+def test_verbs_qps_become_roce_flows_keyed_by_qp():
+    p, t = planner()
+    gid = "fe80:0000:0000:0000:0000:0000:0000:0003"
+    body = hello("node002", "10.0.0.3")
+    body["nics"][0]["ports"][0]["gids"] = [gid]
+    p.observe(frame("hello", "node002", body), 0.0)
+    qp = {"pid": 7, "comm": "python", "lqpn": 100, "rqpn": 200,
+          "qp_type": "RC", "state": "RTS", "port": 1, "dgid": gid, "flow_label": 0,
+          "sport": 0xC123, "destroyed": False}
+    rep = {"interval": 1.0, "health": {}, "verbs_qp": {
+        "qps": [qp], "live": 1, "deferred": 0, "stats": {k: 0 for k in (
+            "creates", "create_failed", "modifies", "modify_failed", "destroys",
+            "destroy_failed", "map_full", "unreported", "read_failed", "netlink_errors",
+            "netlink_rejected")},
+        "netlink": [{"dev": "mlx5_0", "port": 1, "lqpn": 100, "rqpn": 200, "qp_type": "RC",
+                     "state": "RTS", "pid": 7, "comm": "python"}]}}
+    p.observe(frame("report", "node000", rep), 1.0)
+    [fl] = p.all_flows()
+    assert (fl.id, fl.proto, fl.dst, fl.sport) == ("qp:mlx5_0:100", "roce", "node002/mlx5_0",
+                                                   0xC123)
+    p.tick(2.0)
+    [(_, kind, body)] = p.take_outbox()
+    pr = body["probes"][0]
+    assert kind == "probe" and pr["dst"] == "10.0.0.3" and pr["dport"] == 4791
+    assert 0xC123 in pr["sports"] and all(0xC000 <= s <= 0xFFFF for s in pr["sports"])
