@@ -340,6 +340,7 @@ class NcclCollector(Collector):
             "comm": h.comm, "rank": h.rank, "nranks": h.nranks,
             "seq_started": s.seq_started, "seq_completed": s.seq_completed,
             "colls": colls, "peers": peers, "pid": c.pid, "job": self.jobs.job_of(c.pid),
+            "dev": self.jobs.device_of(c.pid),
             "inflight": inflight, "entry_wait_s": c.entry_wait_ns * NS,
             "entry_ops": min(c.entry_ops, 2**32 - 1), "dropped_events": s.dropped_events,
         }
