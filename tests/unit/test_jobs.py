@@ -11,7 +11,7 @@ from c4.agent.jobs import JobResolver
 def _proc(root: Path, pid: int, env: dict[str, str], start: int = 12345) -> None:
     d = root / str(pid)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "stat").write_text(f"{pid} (python3 x y) S " + " ".join(["0"] * 17 + [str(start)] + ["0"] * 10) + "\n")
+    (d / "stat").write_text(f"{pid} (python3 x y) S " + " ".join(["0"] * 18 + [str(start)] + ["0"] * 10) + "\n")
     (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
 
 
