@@ -43,6 +43,7 @@ class Api:
         self.started = clock()
         self.metrics = CollectorRegistry(auto_describe=False)
         self.metrics.register(_IngestMetrics(self))
+        self.planner: Any = None  # C4P (planner/service.py): GET plan, POST plan/apply
         self.alerts: Any = None  # alerts.Alerts: its deliveries show in the incident route
 
     def get(self, path: str, query: dict[str, list[str]]) -> Any:
@@ -79,6 +80,11 @@ class Api:
                 if self.alerts is not None:
                     inc = dict(inc, alerts=self.alerts.status(inc["id"]))
                 return inc
+            if what == "plan" and not rest:
+                if self.planner is None:
+                    raise NotFound("planning is off (no topology, or [planning] enabled = "
+                                   "false)")
+                return self.planner.view(now)
             if what == "jobs" and not rest:
                 return {"jobs": self.diagnosis.jobs() if self.diagnosis else []}
         raise NotFound(path)

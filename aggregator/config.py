@@ -23,6 +23,7 @@ class AggregatorConfig:
     topology: str = field("", "topology JSON file (c4/core/topology.py); empty: none")
     diagnosis: dict[str, Any] = field({}, "C4D thresholds (docs/diagnosis.md)")
     actions: dict[str, Any] = field({}, "action policy (docs/actions.md)")
+    planning: dict[str, Any] = field({}, "C4P policy (docs/planning.md)")
     alerts: dict[str, Any] = field({}, "alert receivers: Alertmanager, PagerDuty, Slack, "
                                        "webhook (docs/operations.md#alerts)")
     metrics_host_counters: bool = field(False, "also export every up host's RDMA port counters "

@@ -36,6 +36,7 @@ class Core:
     registry: HostRegistry
     diagnosis: Any
     ingest: Ingest
+    planner: Any = None  # C4P (planner/service.py); None without a topology
 
 
 def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: Any = None,
@@ -45,6 +46,7 @@ def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: A
     from .actions import ActionRunner, ActionsConfig
     from .diagnosis import Diagnosis
     from .diagnosis.config import DiagnosisConfig
+    from .planner.service import Sinks, build_planner
 
     conn = connect(db_path or cfg.db, check_same_thread=check_same_thread)
     store = Store(conn)
@@ -56,9 +58,12 @@ def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: A
     diagnosis = Diagnosis.from_config(
         conn, c4config.build(DiagnosisConfig, cfg.diagnosis, "diagnosis"), topology, actions,
         logging.getLogger("c4.aggregator.diagnosis"))
-    ingest = Ingest(store, registry, diagnosis, name=cfg.name, max_frame=cfg.max_frame,
+    # C4P reads diagnosis' incidents, so diagnosis sees each frame first
+    planner = build_planner(cfg.planning, conn, topology, diagnosis, cfg.name)
+    ingest = Ingest(store, registry, Sinks(diagnosis, planner) if planner else diagnosis,
+                    name=cfg.name, max_frame=cfg.max_frame,
                     silent_after=cfg.silent_after, retention_s=cfg.frames_retention_s, log=log)
-    return Core(store, registry, diagnosis, ingest)
+    return Core(store, registry, diagnosis, ingest, planner)
 
 
 class Server:
@@ -69,6 +74,7 @@ class Server:
         # The API thread reads diagnosis state through its own lock; SQLite is shared.
         self.core = build_core(cfg, clock=clock, check_same_thread=False)
         self.api = Api(self.core.ingest, self.core.diagnosis, self.lock, clock)
+        self.api.planner = self.core.planner
         acfg = c4config.build(AlertsConfig, cfg.alerts, "alerts")
         if not acfg.external_url:
             acfg.external_url = f"http://{cfg.api}"
@@ -102,6 +108,22 @@ class Server:
             pass  # a peer that does not read its replies loses them; acks are idempotent
         except zmq.ZMQError as exc:
             log.debug("reply to a vanished peer dropped: %s", exc)
+
+    def _planner_frames(self, now: float) -> list[tuple[str, wire.Frame]]:
+        """C4P's probe and plan frames (call under the lock)."""
+        planner = self.core.planner
+        if planner is None:
+            return []
+        return [(host, self.core.ingest.make_frame(kind, body, now))
+                for host, kind, body in planner.take_outbox()]
+
+    def _send_to_hosts(self, frames: list[tuple[str, wire.Frame]]) -> None:
+        for host, frame in frames:
+            peer = self.routes.get(host)
+            if peer is None:  # never connected since the aggregator started: nowhere to send
+                log.warning("no connection from %s: its %s frame is dropped", host, frame.kind)
+                continue
+            self._send(peer, frame)
 
     def _drain(self) -> None:
         """Handle every frame waiting (bounded), then ack each host once."""
@@ -143,8 +165,10 @@ class Server:
             if now >= next_tick:
                 with self.lock:
                     self.core.ingest.tick(now)
+                    to_hosts = self._planner_frames(now)
                     self.alerts.tick(now, self.core.diagnosis)  # only queues: a worker sends
                     self._status()
+                self._send_to_hosts(to_hosts)
                 next_tick = now + TICK_S
             if now >= next_prune:
                 with self.lock:

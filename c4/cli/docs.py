@@ -20,6 +20,7 @@ def _config_tables() -> str:
     from c4.aggregator.alerts import AlertsConfig, Receiver
     from c4.aggregator.config import AggregatorConfig
     from c4.aggregator.diagnosis.config import DiagnosisConfig
+    from c4.aggregator.planner.config import PlanningConfig
 
     from c4.core.config import describe
 
@@ -27,6 +28,7 @@ def _config_tables() -> str:
     for title, cls in (("agent.toml", AgentConfig), ("aggregator.toml", AggregatorConfig),
                        ("aggregator.toml `[diagnosis]`", DiagnosisConfig),
                        ("aggregator.toml `[actions]`", ActionsConfig),
+                       ("aggregator.toml `[planning]`", PlanningConfig),
                        ("aggregator.toml `[alerts]`", AlertsConfig),
                        ("aggregator.toml `[[alerts.receivers]]`", Receiver)):
         out += [f"### {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]

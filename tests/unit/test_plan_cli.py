@@ -1,0 +1,61 @@
+"""`c4 plan`: the aggregator's /api/v1/plan route over real HTTP and its rendering."""
+from __future__ import annotations
+
+import json
+import threading
+
+from c4.aggregator.api import Api, serve
+from c4.aggregator.config import AggregatorConfig
+from c4.aggregator.server import build_core
+from c4.cli import main
+from c4.cli.commands.plan import plan_view
+from tests.unit.test_planner_service import colliding, frame, hello, topo_with_addresses
+
+
+def aggregator(planning: dict | None = None):
+    t = topo_with_addresses()
+    cfg = AggregatorConfig(db=":memory:", planning=planning or {})
+    core = build_core(cfg, db_path=":memory:", topology=t, check_same_thread=False)
+    for i, h in enumerate(sorted(t.hosts)):
+        core.ingest.diagnosis.observe(frame("hello", h, hello(h, f"10.0.0.{i + 1}")), 0.0)
+    api = Api(core.ingest, core.diagnosis, threading.Lock(), lambda: 5.0)
+    api.planner = core.planner
+    return core, api, t
+
+
+def test_plan_route_and_cli_show_current_and_proposed_loads(capsys):
+    core, api, t = aggregator()
+    same = colliding(core.planner, t)
+    for sp in list(range(41000, 41016)) + same:
+        core.planner.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+                                   t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+                                               29500), 1.0)
+    httpd = serve(api, "127.0.0.1:0")
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        assert main(["plan", "--json", "--aggregator", url]) == 0
+        d = json.loads(capsys.readouterr().out)
+        p = d["proposal"]
+        assert (p["current_max_util"], p["proposed_max_util"], p["moved"]) == (0.4, 0.2, 1)
+        top = p["links"][0]
+        assert top["link"] == "leaf000-spine00" and top["current"] == 0.4
+        assert main(["plan", "--aggregator", url]) == 0
+        out = capsys.readouterr().out
+        assert "leaf000-spine00" in out and "flows that move (1)" in out
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "40%" in str(plan_view(d).renderables[1])
+
+
+def test_planning_off_without_a_topology_is_a_clear_404():
+    cfg = AggregatorConfig(db=":memory:")
+    core = build_core(cfg, db_path=":memory:", check_same_thread=False)
+    assert core.planner is None
+    api = Api(core.ingest, core.diagnosis, threading.Lock(), lambda: 5.0)
+    try:
+        api.get("/api/v1/plan", {})
+    except Exception as exc:  # NotFound
+        assert "planning is off" in str(exc)
+    else:
+        raise AssertionError("expected NotFound")
