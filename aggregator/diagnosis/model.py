@@ -227,15 +227,18 @@ class Model:
         for link, to in self._directions(path or [], s_host):
             lk = self.topology.links.get(link) if self.topology else None
             prio = PRIO_FABRIC if lk is not None and lk.kind == "fabric" else PRIO_ACCESS
-            comps.append(("link", directed(link, to) if to else link, None, prio))
+            comps.append(("link", link, None, prio))
+            if to:
+                comps.append(("link", directed(link, to), None, prio))
         if d_host != s_host:
             comps.append(("link", pair_id(s_host, d_host), None, PRIO_PAIR))
         return path, comps
 
     def _directions(self, path: list[str], s_host: str) -> list[tuple[str, str | None]]:
-        """(link, the node the connection enters through it) along a learned path: each
-        direction of a cable is its own component (a fault is often in one). Undirected
-        (None) when the path does not start at the sender."""
+        """(link, the node the connection enters through it) along a learned path: a cable
+        is a component, and so is each of its directions (a fault is often in one, and the
+        other direction's healthy traffic must not clear it). None when the path does not
+        start at the sender."""
         links = self.topology.links if self.topology else {}
         first = links.get(path[0]) if path else None
         if first is None:
@@ -272,13 +275,19 @@ class Model:
         return gone
 
     # -- TCP flows (jobs without the plugin, or its socket transport) ---------------------
+    def job_of_flow(self, host: str, f: dict[str, Any]) -> str | None:
+        """The one rule for which job a TCP flow belongs to: the job of the communicator whose
+        rank owns the flow's process (pid on the same host), else the job id the agent read
+        from the owner's environment."""
+        ref = self.rank_of_pid(host, f.get("pid"))
+        job = ref[0].job if ref else f.get("job")
+        return job or None
+
     def on_tcp_flows(self, host: str, section: dict[str, Any]) -> None:
-        """Attach flows to the job whose process owns them (pid -> rank on the same host, else
-        the job id the agent read from the owner's environment)."""
+        """Count each job's flows and retransmits on this host (job_of_flow)."""
         per_job: dict[str, list[int]] = {}
         for f in section.get("flows", []) or []:
-            ref = self.rank_of_pid(host, f.get("pid"))
-            job = ref[0].job if ref else f.get("job")
+            job = self.job_of_flow(host, f)
             if job is None:
                 continue
             acc = per_job.setdefault(job, [0, 0])

@@ -24,7 +24,7 @@ from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding
 from .model import Model, bare_addr
-from .slow import FRESH_INTERVALS, to_suspect
+from .slow import FRESH_INTERVALS, describe
 from .stats import lower_baseline, median
 
 # metric -> (floor before the log: values below it are "none", unit in summaries)
@@ -91,7 +91,7 @@ class TcpDetector:
         for f in section.get("flows") or ():
             key = (f["saddr"], f["sport"], f["daddr"], f["dport"])
             listed.add(key)
-            job = f.get("job")
+            job = self.model.job_of_flow(host, f)
             if not job:
                 self.skipped["no_job"] += 1
                 table.pop(key, None)
@@ -221,19 +221,19 @@ class TcpDetector:
             "connections_through_suspect": top.n_all,
             "metrics": metrics,
             "connections": [f"{c.src}->{c.dst}" for c in cells[:8]],
-            "aliases": top.aliases,
             "paths_voting": localise.votes(top.bad, {k: tj.cells[k].path  # type: ignore[index]
                                                      for k in top.bad}),
         }
-        what = f"{top.kind} {top.id}" if top.posterior >= self.cfg.localise_confidence else \
-            "no single component (ambiguous)"
+        ends = {f"{c.nics[0] or c.src}->{c.nics[1] or c.dst}" for c in cells}
+        suspects, named, aliases = localise.name(top, ends.pop() if len(ends) == 1 else None)
+        evidence.update(named)
+        what = describe(suspects[0], self.cfg.localise_confidence)
         shown = "; ".join(f"{METRICS[m][1]} {v['slow']:.3g} vs {v['baseline']:.3g}"
                           for m, v in metrics.items())
         summary = (f"{top.n_bad} TCP connection(s) of job {tj.job} stand out ({shown}); "
                    f"suspect: {what}")
-        return Finding("comm_slow", tj.job, None, [to_suspect(h) for h in top.ranked()[:4]],
-                       summary, evidence, min(c.since for c in cells),
-                       aliases=tuple(top.aliases))
+        return Finding("comm_slow", tj.job, None, suspects, summary, evidence,
+                       min(c.since for c in cells), aliases=aliases)
 
 
 def _log(metric: str, v: float) -> float:

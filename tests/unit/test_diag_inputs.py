@@ -142,3 +142,20 @@ def test_uncorrected_aer_names_the_nic_from_the_agents_inventory(diag):
     (inc,) = diag.incidents()
     assert inc["class"] == "hw_aer"
     assert (inc["suspects"][0]["kind"], inc["suspects"][0]["id"]) == ("nic", "h1/mlx5_1")
+
+
+def test_one_rule_attributes_a_tcp_flow_to_a_job(diag):
+    """A flow owned by a rank's process belongs to that rank's job, whatever job id the
+    owner's environment gave; the job census and the TCP detector must agree (they used to
+    follow two rules, so one flow could count in two jobs)."""
+    base = {"saddr": "10.0.0.1", "daddr": "10.0.0.2", "sport": 40000, "dport": 29500,
+            "family": "ipv4", "netns": 1, "comm": "python", "state": "ESTABLISHED",
+            "bytes_acked": 10, "bytes_received": 10, "retrans_segs": 0,
+            "bytes_acked_delta": 10, "bytes_received_delta": 10, "retrans_segs_delta": 0,
+            "bytes_acked_rate": 1.0, "bytes_received_rate": 1.0, "srtt_us": 50, "cwnd": 10,
+            "closed": False}
+    owned = dict(base, pid=4001, job="env-job-of-a-wrapper")
+    tcp = {"flows": [owned], "omitted": 0, "tracked": 1, "map_full": 0, "drops": {}, "drops_delta": {}}
+    diag.observe(report("h1", 1, 4001, {"tcp_flows": tcp}), 11.0)
+    assert [j["job"] for j in diag.jobs()] == ["slurm-77"]
+    assert {f.job for f in diag.tcp.flows["h1"].values()} == {"slurm-77"}
