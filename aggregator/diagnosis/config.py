@@ -8,16 +8,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from c4.core.config import ConfigError, field
+from c4.core.ordinals import STALL_S_DEFAULT
 
 
 @dataclass
 class DiagnosisConfig:
     hang_floor_s: float = field(
-        5.0, "a collective is hung when no rank made progress for at least this long (seconds, "
+        STALL_S_DEFAULT, "a collective is hung when no rank made progress for at least this long (seconds, "
         "measured on each host) ...")
     hang_op_factor: float = field(
         10.0, "... and for at least this many times the communicator's recent time between "
         "completed collectives (the job's own pace)")
+    checkpoint_s: float = field(
+        60.0, "declared longest checkpoint: a rank alive but idle, not entering the collective "
+        "its peers wait in (it writes a checkpoint), is a hang only after this long, or 1.5x "
+        "the longest such pause the job recovered from, if longer (learned)")
+    startup_grace_s: float = field(
+        60.0, "a communicator's first collective (none completed yet) is hung only after this "
+        "long: ranks start it as they finish loading")
     stale_intervals: float = field(
         3.0, "a rank whose report is older than this many report intervals counts as missing")
     comm_expire_intervals: float = field(
@@ -80,6 +88,8 @@ class DiagnosisConfig:
 
     def validate(self, where: str) -> None:
         p = f"{where}." if where else ""
+        if self.checkpoint_s < 0 or self.startup_grace_s < 0:
+            raise ConfigError(f"{p}checkpoint_s/startup_grace_s: must be >= 0")
         positive = ("hang_floor_s", "hang_op_factor", "stale_intervals", "comm_expire_intervals",
                     "slow_ratio", "slow_z", "straggler_min_wait_s", "straggler_ratio",
                     "counter_ratio", "resolve_hold_s", "event_hold_s", "tcp_retrans_per_mb",

@@ -48,3 +48,14 @@ def behind(seq_started: int, inflight: dict | None, ordinal: int) -> bool:
     to enter it or an older one."""
     at, inside = position(seq_started, inflight)
     return at < ordinal or (at == ordinal and not inside)
+
+
+# "Stalled" and "hung", and how they relate. The plugin calls an operation *stalled* when it
+# has been in flight with no progress for C4_STALL_MS (plugin/src/plugin.c, default below) and
+# then sends a `stalled` message at once (the agent's `nccl_stall` event) instead of waiting
+# for its next summary: evidence (who waits on whom, in which state), not a verdict. Diagnosis
+# calls a collective *hung* when no rank progressed for `hang_floor_s` and for `hang_op_factor`
+# times the job's own pace (aggregator/diagnosis/config.py). The stall threshold must not be
+# longer than the hang floor, or the evidence arrives after the verdict is due: both default to
+# the value below, and tests/unit/test_ordinals_stall.py holds the plugin's C default to it.
+STALL_S_DEFAULT = 5.0
