@@ -1,6 +1,6 @@
 """Loading bpf/*.c with BCC, with the feature checks the bcc tools do first.
 
-Every missing piece (BCC, permission, tracefs, a tracepoint, kernel headers, BTF) becomes a
+Every missing piece (BCC, permission, tracefs, a tracepoint, kernel headers) becomes a
 CollectorUnavailable with one clear sentence, so the agent disables that collector and keeps
 the others running.
 """
@@ -18,7 +18,6 @@ from .collectors.base import CollectorUnavailable
 # finds its programs without the checkout.
 BPF_DIR = Path(str(resources.files("c4.bpf")))
 TRACEFS = Path("/sys/kernel/tracing")
-BTF_VMLINUX = Path("/sys/kernel/btf/vmlinux")
 
 
 def bpf_source(name: str) -> str:
@@ -64,19 +63,12 @@ def check_headers() -> None:
                 "scripts/setup.sh does)")
 
 
-def has_btf() -> bool:
-    return BTF_VMLINUX.exists()
-
-
-def load(source_name: str, tracepoints: Iterable[str] = (), cflags: Iterable[str] = (),
-         need_btf: bool = False) -> Any:
+def load(source_name: str, tracepoints: Iterable[str] = (), cflags: Iterable[str] = ()) -> Any:
     """Compile and load bpf/<source_name>; return the bcc.BPF object."""
     bcc = import_bcc()
     check_privilege()
     check_tracepoints(tracepoints)
     check_headers()
-    if need_btf and not has_btf():
-        raise CollectorUnavailable(f"kernel has no BTF ({BTF_VMLINUX})")
     text = bpf_source(source_name)
     try:
         return bcc.BPF(text=text.encode(), cflags=list(cflags))

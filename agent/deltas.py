@@ -53,6 +53,3 @@ class CounterTracker:
         for k in gone:
             del self._prev[k]
         return gone
-
-    def known(self) -> set[Hashable]:
-        return set(self._prev)

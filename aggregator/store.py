@@ -68,9 +68,6 @@ class Store:
             "boot=excluded.boot, hello=excluded.hello, last_seen=excluded.last_seen",
             (name, boot, json.dumps(hello, sort_keys=True), first_seen, last_seen))
 
-    def touch_host(self, name: str, last_seen: float) -> None:
-        self.conn.execute("UPDATE hosts SET last_seen=? WHERE name=?", (last_seen, name))
-
     def hosts(self) -> Iterable[tuple[str, str, dict[str, Any], float, float]]:
         for name, boot, hello, first, last in self.conn.execute(
                 "SELECT name, boot, hello, first_seen, last_seen FROM hosts ORDER BY name"):

@@ -213,9 +213,9 @@ BODIES: dict[str, Record] = {
     "hello": HELLO, "report": REPORT, "event": EVENT_HEAD, "ack": ACK, "plan": PLAN,
     "plan_result": PLAN_RESULT, "probe": PROBE, "probe_result": PROBE_RESULT, "error": ERROR,
 }
-# Which direction each kind travels: the aggregator rejects agent-bound kinds from agents.
+# Which direction each kind travels: the aggregator rejects agent-bound kinds (every other
+# kind in BODIES) from agents.
 FROM_AGENT = frozenset({"hello", "report", "event", "plan_result", "probe_result"})
-TO_AGENT = frozenset({"ack", "plan", "probe", "error"})
 
 
 def validate_body(kind: str, body: Any) -> dict[str, Any]:
