@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 __all__ = [
-    "Invalid", "Spec", "Int", "Float", "Str", "Bool", "Bytes", "Enum", "List", "Map",
-    "Record", "Nullable", "Scalar", "OneOf", "U32", "U64", "I64", "COUNTER", "SECONDS",
+    "Invalid", "Spec", "Int", "Float", "Str", "Bool", "Enum", "List", "Map",
+    "Record", "Nullable", "U32", "U64", "I64", "COUNTER", "SECONDS",
 ]
 
 
@@ -151,21 +151,6 @@ class Bool(Spec):
 
 
 @dataclass(frozen=True)
-class Bytes(Spec):
-    max_len: int = 64
-
-    def check(self, value: Any, path: str = "") -> bytes:
-        if not isinstance(value, bytes):
-            raise Invalid(path, f"expected bytes, got {_tname(value)}")
-        if len(value) > self.max_len:
-            raise Invalid(path, f"bytes longer than {self.max_len}")
-        return value
-
-    def describe(self) -> str:
-        return f"bin (<= {self.max_len})"
-
-
-@dataclass(frozen=True)
 class Enum(Spec):
     values: tuple[str, ...]
 
@@ -179,25 +164,6 @@ class Enum(Spec):
 
 
 @dataclass(frozen=True)
-class Scalar(Spec):
-    """Any msgpack scalar (nil, bool, int, finite float, short string)."""
-
-    max_len: int = 256
-
-    def check(self, value: Any, path: str = "") -> Any:
-        if value is None or isinstance(value, (bool, int)):
-            return value
-        if isinstance(value, float):
-            return Float().check(value, path)
-        if isinstance(value, str):
-            return Str(self.max_len).check(value, path)
-        raise Invalid(path, f"expected a scalar, got {_tname(value)}")
-
-    def describe(self) -> str:
-        return "scalar"
-
-
-@dataclass(frozen=True)
 class Nullable(Spec):
     inner: Spec
 
@@ -206,23 +172,6 @@ class Nullable(Spec):
 
     def describe(self) -> str:
         return f"{self.inner.describe()} or nil"
-
-
-@dataclass(frozen=True)
-class OneOf(Spec):
-    options: tuple[Spec, ...]
-
-    def check(self, value: Any, path: str = "") -> Any:
-        reasons = []
-        for opt in self.options:
-            try:
-                return opt.check(value, path)
-            except Invalid as exc:
-                reasons.append(exc.reason)
-        raise Invalid(path, "matches none of: " + "; ".join(reasons))
-
-    def describe(self) -> str:
-        return " | ".join(o.describe() for o in self.options)
 
 
 @dataclass(frozen=True)
