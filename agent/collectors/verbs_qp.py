@@ -18,7 +18,7 @@ from c4.core.wire.sections.verbs_qp import MAX_QPS_PER_REPORT, QP_STATES
 
 from ..bpf import BPF_DIR, load
 from ..elf_symbols import ElfError, elf_machine, find_function
-from ..rdma_netlink import DEFAULT_COMMAND, RdmaToolError, list_qps
+from ..rdma_tool import DEFAULT_COMMAND, RdmaToolError, list_qps
 from .base import Collector, CollectorUnavailable, Context, OptionError, Sample
 from .options import check_keys, get_bool, get_int, get_str_list
 

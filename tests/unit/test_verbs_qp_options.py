@@ -10,7 +10,7 @@ import pytest
 
 from c4.agent.collectors import Context, OptionError
 from c4.agent.collectors.verbs_qp import VerbsQpCollector, find_library
-from c4.agent.rdma_netlink import DEFAULT_COMMAND
+from c4.agent.rdma_tool import DEFAULT_COMMAND
 from tests.verbs import harness
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from c4.agent.rdma_netlink import (NO_RDMA, NetlinkQp, RdmaToolError, list_qps, parse_qps)
+from c4.agent.rdma_tool import (NO_RDMA, NetlinkQp, RdmaToolError, list_qps, parse_qps)
 
 
 def test_parses_kernel_and_user_qps_of_two_devices(fixtures: Path) -> None:
