@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from c4.core.config import ConfigError, field
+from c4.core.keys import SECRET_SUFFIX, ClientKeys, KeyFileError
 
 from .collectors import DEFAULT_ENABLED, REGISTRY
 
@@ -15,6 +16,13 @@ class AgentConfig:
     aggregator: str = field("tcp://127.0.0.1:9465",
                             "ZeroMQ endpoint of the aggregator's ingest socket")
     interval: float = field(1.0, "seconds between reports")
+    server_public_key: str = field("/etc/c4/keys/server.key",
+                                   "the aggregator's CURVE public key file (its `server.key`)")
+    secret_key: str = field("", "this agent's CURVE secret key file, mode 0600 (`c4 keys "
+                                "create --host NAME`); empty: /etc/c4/keys/<host>.key_secret. "
+                                "Its public twin must be enrolled on the aggregator for `host`")
+    insecure: bool = field(False, "plain TCP without CURVE (the aggregator must say "
+                                  "`insecure = true` too). Only for tests on loopback")
     host: str = field("", "host name to report; empty: the system host name")
     hello_interval: float = field(300.0, "seconds between repeated `hello` frames, so an "
                                          "aggregator that lost its state, or a changed NIC "
@@ -72,6 +80,21 @@ class AgentConfig:
         for name, table in self.collectors.items():
             if name != "enabled" and not isinstance(table, dict):
                 raise ConfigError(f"{where}collectors.{name}: expected a table of options")
+
+    def curve_keys(self, host: str) -> ClientKeys | None:
+        """The CURVE keys to connect with; None with `insecure = true`. Checked when the agent
+        starts (ConfigError naming the key and the fix)."""
+        if self.insecure:
+            return None
+        secret = self.secret_key or f"/etc/c4/keys/{host}{SECRET_SUFFIX}"
+        try:
+            return ClientKeys.load(self.server_public_key, secret)
+        except KeyFileError as exc:
+            raise ConfigError(
+                f"CURVE keys (server_public_key, secret_key): {exc}; create this host's pair "
+                f"with `c4 keys create --host {host}`, enroll its .key on the aggregator with "
+                f"`c4 keys enroll --host {host} FILE`, copy the aggregator's server.key here, "
+                f"or set `insecure = true` for plain TCP (tests on loopback only)") from None
 
     @property
     def enabled(self) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import zmq
 
 from c4.core import record, wire
+from c4.core.keys import ClientKeys
 from c4.core.wire import Frame, Rejected
 
 
@@ -50,8 +51,10 @@ class Sender:
                  resend_after: float = 5.0, max_frame: int = wire.DEFAULT_MAX_FRAME,
                  record_path: str | None = None, validate_every: int = 30,
                  clock: Callable[[], float] = time.time,
-                 log: logging.Logger | None = None, ctx: zmq.Context | None = None) -> None:
+                 log: logging.Logger | None = None, ctx: zmq.Context | None = None,
+                 curve: ClientKeys | None = None) -> None:
         self.endpoint = endpoint
+        self.curve = curve  # None: plain TCP (`insecure = true`)
         self.host = host
         self.boot = uuid.uuid4().hex[:16]
         self.queue_max = queue_max
@@ -82,6 +85,8 @@ class Sender:
         s.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
         s.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        if self.curve is not None:
+            self.curve.apply(s)
         s.connect(self.endpoint)
         self._sock = s
 

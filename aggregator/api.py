@@ -2,10 +2,12 @@
 
 Routes (docs/api.md): /healthz, /api/v1/hosts, /api/v1/hosts/<name>, /api/v1/incidents,
 /api/v1/incidents/<id>, /api/v1/jobs, /api/v1/stats, /metrics. Handlers read shared state
-under the aggregator's lock; ingest holds the same lock while it applies a frame.
+under the aggregator's lock; ingest holds the same lock while it applies a frame (server.py
+describes the threads).
 """
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -31,6 +33,30 @@ class BadRequest(Exception):
     pass
 
 
+class Unauthorized(Exception):
+    """401: a state-changing request without the right bearer token."""
+
+
+class Forbidden(Exception):
+    """403: state-changing requests are off (no `api_token_file` configured)."""
+
+
+MAX_POST_BODY = 1 << 20
+
+
+def require_token(authorization: str | None, token: str | None) -> None:
+    """Admit a state-changing request only with `Authorization: Bearer <token>` matching the
+    configured token (constant-time comparison). Every POST goes through this before its body
+    is read; raises Forbidden when no token is configured, Unauthorized otherwise."""
+    if not token:
+        raise Forbidden("state-changing requests are disabled: set api_token_file in the "
+                        "aggregator config")
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                              token.encode()):
+        raise Unauthorized("missing or wrong bearer token (Authorization: Bearer ...)")
+
+
 class Api:
     """The routes, independent of the HTTP server (so tests and replay can call them)."""
 
@@ -45,6 +71,8 @@ class Api:
         self.metrics.register(_IngestMetrics(self))
         self.planner: Any = None  # C4P (planner/service.py): GET plan, POST plan/apply
         self.alerts: Any = None  # alerts.Alerts: its deliveries show in the incident route
+        self.auth: Any = None  # the ZAP handler (auth.py); None with `insecure = true`
+        self.token: str | None = None  # bearer token of POST requests (require_token)
 
     def get(self, path: str, query: dict[str, list[str]]) -> Any:
         parts = [unquote(p) for p in path.strip("/").split("/") if p]
@@ -65,7 +93,7 @@ class Api:
                     raise NotFound(f"no host named {rest[0]!r}")
                 return h.detail(now)
             if what == "stats" and not rest:
-                return self.ingest.stats()
+                return self.stats()
             if what == "incidents" and not rest:
                 state = (query.get("state") or [None])[0]
                 if state not in (None, "open", "mitigated", "resolved"):
@@ -89,6 +117,20 @@ class Api:
                 return {"jobs": self.diagnosis.jobs() if self.diagnosis else []}
         raise NotFound(path)
 
+    def stats(self) -> dict[str, Any]:
+        st = self.ingest.stats()
+        if self.auth is not None:
+            st["auth"] = self.auth.stats()
+        return st
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        """State-changing routes; the handler has checked the token (require_token)."""
+        parts = [unquote(p) for p in path.strip("/").split("/") if p]
+        if parts == ["api", "v1", "plan", "apply"] and self.planner is not None:
+            with self.lock:
+                return self.planner.apply(self.clock())
+        raise NotFound(path)
+
 
 class _IngestMetrics:
     """Prometheus view of ingest counters, computed at scrape time (nothing on the hot path)."""
@@ -98,7 +140,7 @@ class _IngestMetrics:
 
     def collect(self) -> Any:
         with self.api.lock:
-            st = self.api.ingest.stats()
+            st = self.api.stats()
             hosts = list(self.api.ingest.registry.hosts.values())
         acc = CounterMetricFamily("c4_frames_accepted", "Frames accepted by kind", labels=["kind"])
         for k, v in sorted(st["accepted"].items()):
@@ -117,6 +159,12 @@ class _IngestMetrics:
         for status in ("up", "silent"):
             g.add_metric([status], sum(1 for h in hosts if h.status == status))
         yield g
+        if "auth" in st:
+            d = CounterMetricFamily("c4_auth_denied", "Agent connections refused by the ZAP "
+                                    "handler, by reason", labels=["reason"])
+            for k, v in sorted(st["auth"]["denied"].items()):
+                d.add_metric([k], v)
+            yield d
 
 
 def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
@@ -131,20 +179,53 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             if url.path == "/metrics":
                 self._send(200, generate_latest(api.metrics), "text/plain; version=0.0.4")
                 return
+            self._answer(lambda: api.get(url.path, parse_qs(url.query)))
+
+        def do_POST(self) -> None:  # noqa: N802
+            def call() -> Any:
+                require_token(self.headers.get("Authorization"), api.token)  # before the body
+                return api.post(urlsplit(self.path).path, self._json_body())
+            self._answer(call)
+
+        def _json_body(self) -> dict[str, Any]:
             try:
-                body, code = api.get(url.path, parse_qs(url.query)), 200
+                n = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise BadRequest("bad Content-Length") from None
+            if not 0 <= n <= MAX_POST_BODY:
+                raise BadRequest(f"body must be at most {MAX_POST_BODY} bytes")
+            try:
+                body = json.loads(self.rfile.read(n) or b"{}")
+            except ValueError:
+                raise BadRequest("body is not JSON") from None
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+            return body
+
+        def _answer(self, call: Callable[[], Any]) -> None:
+            extra: dict[str, str] = {}
+            try:
+                body, code = call(), 200
             except NotFound as exc:
                 body, code = {"error": f"not found: {exc}"}, 404
             except BadRequest as exc:
                 body, code = {"error": str(exc)}, 400
+            except Unauthorized as exc:
+                body, code = {"error": str(exc)}, 401
+                extra["WWW-Authenticate"] = 'Bearer realm="c4"'
+            except Forbidden as exc:
+                body, code = {"error": str(exc)}, 403
             except Exception as exc:  # a bug in one route must not take the API down
                 log.exception("API error on %s", self.path)
                 body, code = {"error": f"internal error: {type(exc).__name__}"}, 500
             self._send(code, json.dumps(body, sort_keys=True, default=str).encode(),
-                       "application/json")
+                       "application/json", extra)
 
-        def _send(self, code: int, data: bytes, ctype: str) -> None:
+        def _send(self, code: int, data: bytes, ctype: str,
+                  headers: dict[str, str] | None = None) -> None:
             self.send_response(code)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -65,9 +65,17 @@ class Ingest:
             h.boot, h.hello, h.first_seen, h.last_seen = boot, hello, first, last
 
     # -- frames in ------------------------------------------------------------------------
-    def handle(self, data: bytes, now: float) -> Outcome:
+    def handle(self, data: bytes, now: float, identity: str | None = None) -> Outcome:
+        """`identity`: the host the connection's CURVE key is enrolled for ("" if the key was
+        revoked since it connected); None where there is no key (replay, `insecure = true`)."""
         try:
             frame = self.decode(data)
+            if identity is not None and frame.host != identity:
+                # One key speaks for one host: a frame naming another is forged or misrouted.
+                raise Rejected("identity", f"frame names host {frame.host!r} but this "
+                               "connection's key " + (f"is enrolled for {identity!r}" if identity
+                                                      else "is no longer enrolled"),
+                               frame.to_dict())
         except Rejected as exc:
             return self.reject(exc, now)
         return self.accept(frame, data, now)

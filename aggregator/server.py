@@ -12,11 +12,13 @@ import zmq
 
 from c4.core import config as c4config
 from c4.core import wire
+from c4.core.keys import EnrolledKeys
 
 from c4.core.sdnotify import Notifier
 
 from .alerts import Alerts, AlertsConfig
 from .api import Api, serve
+from .auth import ZapHandler, curve_server
 from .metrics import ClusterMetrics
 from .config import AggregatorConfig
 from .ingest import Ingest
@@ -70,6 +72,8 @@ class Server:
     def __init__(self, cfg: AggregatorConfig, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         self.clock = clock
+        keys = cfg.curve_keys()  # config errors before anything starts
+        token = cfg.api_token()
         self.lock = threading.Lock()
         # The API thread reads diagnosis state through its own lock; SQLite is shared.
         self.core = build_core(cfg, clock=clock, check_same_thread=False)
@@ -96,6 +100,21 @@ class Server:
         self.sock.setsockopt(zmq.RCVHWM, 100000)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        # Identity (docs/security.md): CURVE, and a ZAP handler that admits enrolled keys only.
+        self.enrolled: EnrolledKeys | None = None
+        self.zap: ZapHandler | None = None
+        if keys is None:
+            log.warning("insecure = true: ingest on %s is plain TCP; any peer that reaches it "
+                        "can speak for any host (docs/security.md)", cfg.listen)
+        else:
+            self.enrolled = EnrolledKeys(cfg.enrolled_keys, log)
+            if not len(self.enrolled):
+                log.warning("no agent key enrolled in %s yet: no agent can connect until one "
+                            "is (`c4 keys enroll`; no restart needed)", cfg.enrolled_keys)
+            self.zap = ZapHandler(self.zctx, self.enrolled, log)
+            curve_server(self.sock, *keys)
+        self.api.auth = self.zap
+        self.api.token = token
         self.sock.bind(cfg.listen)
         self.routes: dict[str, bytes] = {}  # host -> ZeroMQ routing id of its latest frame
         self.httpd = serve(self.api, cfg.api)
@@ -128,18 +147,25 @@ class Server:
     def _drain(self) -> None:
         """Handle every frame waiting (bounded), then ack each host once."""
         ingest = self.core.ingest
+        if self.enrolled is not None:
+            self.enrolled.refresh()  # one stat(): revocations apply from this batch on
         with self.lock:
             for _ in range(10000):
                 try:
-                    parts = self.sock.recv_multipart(zmq.NOBLOCK)
+                    parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
                 if len(parts) != 2:
                     # DEALER sends exactly one frame: anything else is not a c4 agent.
                     ingest.rejected["malformed"] += 1
                     continue
-                peer, data = parts
-                out = ingest.handle(data, self.clock())
+                peer, data = parts[0].bytes, parts[1].bytes
+                identity = None
+                if self.enrolled is not None:
+                    # ZAP's User-Id is the connection's key; its host is looked up now.
+                    key = parts[1].get("User-Id").encode()
+                    identity = self.enrolled.host_for(key) or ""
+                out = ingest.handle(data, self.clock(), identity=identity)
                 if out.frame is not None:
                     self.routes[out.frame.host] = peer
                 for reply in out.replies:
@@ -189,6 +215,8 @@ class Server:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.sock.close(0)
+        if self.zap is not None:
+            self.zap.close()
         self.zctx.term()
         log.info("aggregator stopped")
 

@@ -9,7 +9,8 @@ import sys
 
 from c4 import __version__
 
-COMMANDS = ("agent", "aggregator", "hosts", "incidents", "lab", "plan", "replay", "sim", "topology")
+COMMANDS = ("agent", "aggregator", "hosts", "incidents", "keys", "lab", "plan", "replay", "sim",
+            "topology")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from c4.core import keys
+from c4.core.keys import ClientKeys
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -70,7 +73,10 @@ class Proc:
 
 
 class Cluster:
-    """An aggregator and agents in tmp_path; everything is stopped by `close()`."""
+    """An aggregator and agents in tmp_path; everything is stopped by `close()`.
+
+    CURVE is on unless `start_aggregator(insecure=True)`: the server's pair and every agent's
+    pair live in tmp_path/keys, and `start_agent` enrolls its host's key first."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -78,8 +84,31 @@ class Cluster:
         self.hport = free_port()
         self.db = tmp / "c4.db"
         self.metrics_ports: dict[str, int] = {}  # agent name -> its /metrics port
+        self.keys = tmp / "keys"
+        self.store = self.keys / "enrolled"
+        self.insecure = False
         self.procs: list[Proc] = []
         self.aggregator: Proc | None = None
+
+    def client_keys(self, host: str, *, enroll: bool = True) -> ClientKeys:
+        """`host`'s CURVE pair (created once), enrolled in the store unless `enroll=False`."""
+        for name in (keys.SERVER_NAME, host):
+            if not (self.keys / f"{name}.key_secret").exists():
+                keys.create_pair(self.keys, name)
+        if enroll:
+            keys.enroll(self.store, host, keys.load_public(self.keys / f"{host}.key"))
+        return ClientKeys.load(self.keys / "server.key", self.keys / f"{host}.key_secret")
+
+    def dealer(self, ctx: Any, host: str | None = None, *, enroll: bool = True) -> Any:
+        """A raw DEALER on the ingest socket, speaking with `host`'s key (insecure: none)."""
+        import zmq
+
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        if host is not None and not self.insecure:
+            self.client_keys(host, enroll=enroll).apply(s)
+        s.connect(self.endpoint)
+        return s
 
     @property
     def url(self) -> str:
@@ -89,10 +118,18 @@ class Cluster:
     def endpoint(self) -> str:
         return f"tcp://127.0.0.1:{self.zport}"
 
-    def start_aggregator(self, extra: str = "") -> Proc:
+    def start_aggregator(self, extra: str = "", *, insecure: bool = False) -> Proc:
+        self.insecure = insecure
+        if insecure:
+            identity = "insecure = true\n"
+        else:
+            if not (self.keys / "server.key_secret").exists():
+                keys.create_pair(self.keys, keys.SERVER_NAME)
+            identity = (f'server_secret_key = "{self.keys / "server.key_secret"}"\n'
+                        f'enrolled_keys = "{self.store}"\n')
         cfg = self.tmp / "aggregator.toml"
         cfg.write_text(f'listen = "{self.endpoint}"\napi = "127.0.0.1:{self.hport}"\n'
-                       f'db = "{self.db}"\n{extra}')
+                       f'db = "{self.db}"\n{identity}{extra}')
         self.aggregator = Proc(c4_cmd("aggregator", "run", "--config", str(cfg)),
                                self.tmp / "aggregator.log")
         self.procs.append(self.aggregator)
@@ -105,8 +142,14 @@ class Cluster:
         cfg = self.tmp / f"agent-{name}.toml"
         self.metrics_ports.setdefault(name, free_port())
         enabled = ", ".join(f'"{c}"' for c in collectors)
+        if self.insecure:
+            identity = "insecure = true\n"
+        else:
+            self.client_keys(name)
+            identity = (f'server_public_key = "{self.keys / "server.key"}"\n'
+                        f'secret_key = "{self.keys / (name + ".key_secret")}"\n')
         cfg.write_text(
-            f'aggregator = "{self.endpoint}"\ninterval = {interval}\nhost = "{name}"\n'
+            f'aggregator = "{self.endpoint}"\ninterval = {interval}\nhost = "{name}"\n{identity}'
             f'sysfs_root = "{sysfs}"\nrun_dir = "{self.tmp / ("run-" + name)}"\n'
             f'resend_after = 1.0\nmetrics = "127.0.0.1:{self.metrics_ports[name]}"\n{extra}\n'
             f'[collectors]\nenabled = [{enabled}]\n')

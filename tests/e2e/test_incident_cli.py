@@ -50,9 +50,8 @@ def send(cluster: Cluster, rec: Path, stop: threading.Event) -> None:
             if stop.wait(max(0.0, start + (frame.ts - t0) / SPEED - time.monotonic())):
                 return
             if frame.host not in socks:
-                s = socks[frame.host] = ctx.socket(zmq.DEALER)
+                s = socks[frame.host] = cluster.dealer(ctx, frame.host)
                 s.setsockopt(zmq.LINGER, 1000)
-                s.connect(cluster.endpoint)
             socks[frame.host].send(data)
     finally:
         for s in socks.values():

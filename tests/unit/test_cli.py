@@ -62,7 +62,7 @@ def test_aggregator_port_in_use_is_a_clear_error(tmp_path) -> None:
         port = busy.getsockname()[1]
         cfg = tmp_path / "aggregator.toml"
         cfg.write_text(f'listen = "tcp://127.0.0.1:{port}"\napi = "127.0.0.1:{free_port()}"\n'
-                       f'db = "{tmp_path / "c4.db"}"\n')
+                       f'db = "{tmp_path / "c4.db"}"\ninsecure = true\n')
         out = subprocess.run([sys.executable, "-m", "c4.cli", "aggregator", "run", "--config",
                               str(cfg)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
@@ -91,7 +91,8 @@ def test_cli_reference_documents_every_flag() -> None:
 
 def test_agent_with_an_unusable_endpoint_is_a_clear_error(tmp_path) -> None:
     cfg = tmp_path / "agent.toml"
-    cfg.write_text('aggregator = "tcp://no such host:port"\n[collectors]\nenabled = ["host"]\n')
+    cfg.write_text('aggregator = "tcp://no such host:port"\ninsecure = true\n'
+                   '[collectors]\nenabled = ["host"]\n')
     out = subprocess.run([sys.executable, "-m", "c4.cli", "agent", "run", "--config", str(cfg)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
