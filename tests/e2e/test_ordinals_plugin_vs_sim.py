@@ -4,19 +4,14 @@ collector) and `c4 sim` with a rank that stops calling collectives must agree on
 `seq_started`, `seq_completed`, `inflight.seq` and `nccl_stall.seq` relate, rank by rank."""
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from pathlib import Path
 
 import msgpack
 
-from c4.agent.collectors.base import Context
-from c4.agent.collectors.nccl import NcclCollector
 from c4.core import record
 from c4.lab.sim import Fault, SimConfig, simulate
 
-REPO = Path(__file__).resolve().parents[2]
+from .plugin_run import hung_ring
 
 
 def form(s: dict, culprit_done: int) -> tuple:
@@ -28,25 +23,7 @@ def form(s: dict, culprit_done: int) -> tuple:
 
 
 def plugin_forms(tmp_path: Path) -> tuple[set, set]:
-    build = tmp_path / "plugin"  # own build dir: plugin/build belongs to whoever runs make
-    made = subprocess.run(["make", "-C", str(REPO / "plugin"), f"B={build}",
-                           f"{build}/libnccl-profiler-c4.so", f"{build}/harness"],
-                          capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr[-3000:]
-    col = NcclCollector(Context(host="h", run_dir=tmp_path / "run"), {})
-    col.start()
-    try:
-        env = dict(os.environ, C4_AGENT_SOCKET=str(col.path), C4_INTERVAL_MS="200",
-                   C4_STALL_MS="400")
-        proc = subprocess.Popen([str(build / "harness"), "--emit-only", "--seconds", "3",
-                                 "--ranks", "4", "--hang-rank", "2"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.2)  # the hang starts at 1 s; stall messages after 0.4 s of it
-        sample = col.collect(time.time())
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-    finally:
-        col.close()
+    sample = hung_ring(tmp_path)
     comms = {c["rank"]: c for c in sample.section["comms"]}
     k = comms[2]["seq_completed"]
     stalls = {(e.attrs["seq"] - k, e.attrs["seq_completed"] - k)

@@ -7,16 +7,12 @@ A field only the simulator sends would let diagnosis work in simulation and fail
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import time
 from pathlib import Path
 from typing import Any, Iterable
 
 import pytest
 
 from c4.agent.collectors.base import Context
-from c4.agent.collectors.nccl import NcclCollector
 from c4.agent.collectors.rdma import RdmaCollector
 from c4.agent.collectors.tcp_flows import Reporter, detect_features, parse_options
 from c4.agent.config import AgentConfig
@@ -25,6 +21,8 @@ from c4.agent.sender import Sender
 from c4.core import record, wire
 from c4.lab.sim import Fault, SimConfig, simulate
 from tests.unit.test_tcp_flows_replay import replay
+
+from .plugin_run import hung_ring
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,24 +74,7 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> set[tuple[str, str]]:
 def _nccl_shape(tmp_path: Path) -> set[tuple[str, str]]:
     """The real plugin under its C harness (a ring whose rank 2 hangs: summaries with an op in
     flight, and stall messages) through the real nccl collector."""
-    build = tmp_path / "plugin"  # own build dir: plugin/build belongs to whoever runs make
-    made = subprocess.run(["make", "-C", str(REPO / "plugin"), f"B={build}",
-                           f"{build}/libnccl-profiler-c4.so", f"{build}/harness"],
-                          capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr[-3000:]
-    col = NcclCollector(Context(host="h1", run_dir=tmp_path / "run"), {})
-    col.start()
-    try:
-        env = dict(os.environ, C4_AGENT_SOCKET=str(col.path), C4_INTERVAL_MS="200",
-                   C4_STALL_MS="400", LOCAL_RANK="1", SLURM_JOB_ID="4242")
-        proc = subprocess.Popen([str(build / "harness"), "--emit-only", "--seconds", "3",
-                                 "--ranks", "4", "--hang-rank", "2"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.2)
-        sample = col.collect(time.time())
-        proc.communicate(timeout=60)
-    finally:
-        col.close()
+    sample = hung_ring(tmp_path, {"LOCAL_RANK": "1", "SLURM_JOB_ID": "4242"})
     out = _section_shape("nccl", [sample.section])
     for ev in sample.events:
         _shape(ev.body(), f"event:{ev.type}", out)
