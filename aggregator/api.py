@@ -155,6 +155,11 @@ class _IngestMetrics:
                                   value=st["duplicates"])
         yield CounterMetricFamily("c4_store_errors", "Frames that could not be stored",
                                   value=st["store_errors"])
+        err = CounterMetricFamily("c4_internal_errors", "Failures of the aggregator's own code "
+                                  "that were contained, by where", labels=["where"])
+        for k, v in sorted(st["errors"].items()):
+            err.add_metric([k], v)
+        yield err
         g = GaugeMetricFamily("c4_hosts", "Hosts by status", labels=["status"])
         for status in ("up", "silent"):
             g.add_metric([status], sum(1 for h in hosts if h.status == status))

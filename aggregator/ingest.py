@@ -55,6 +55,9 @@ class Ingest:
         self.rejected: Counter[str] = Counter()
         self.duplicates = 0
         self.store_errors = 0
+        # Failures of our own code, by where they happened: each costs one frame or one tick,
+        # never the process (logged with a traceback the first time, then rate-limited).
+        self.errors: Counter[str] = Counter()
         self.pending_acks: dict[str, tuple[str, int]] = {}  # host -> (boot, contiguous)
         self._last_log: dict[str, float] = {}
         self._load_hosts()
@@ -78,6 +81,9 @@ class Ingest:
                                frame.to_dict())
         except Rejected as exc:
             return self.reject(exc, now)
+        except Exception as exc:  # a decoder bug must cost this frame only
+            self.internal_error("decode", exc, now)
+            return self.reject(Rejected("internal", f"cannot decode: {type(exc).__name__}"), now)
         return self.accept(frame, data, now)
 
     def decode(self, data: bytes) -> Frame:
@@ -115,11 +121,14 @@ class Ingest:
             self.store_errors += 1
             self._log_limited("store", f"cannot store frame from {h.name}: {exc}", now)
             return Outcome(frame=frame, reject="store_error")
-        self._apply(h, frame, now)
         self.accepted[frame.kind] += 1
         self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
-        if self.diagnosis is not None:
-            self.diagnosis.observe(frame, now)
+        try:
+            self._apply(h, frame, now)
+            if self.diagnosis is not None:
+                self.diagnosis.observe(frame, now)
+        except Exception as exc:  # stored, so acked: only what it would have changed is lost
+            self.internal_error("apply", exc, now)
         return Outcome(frame=frame)
 
     def _seq_state(self, h: HostState, boot: str) -> SeqState:
@@ -157,15 +166,29 @@ class Ingest:
     def reject(self, exc: Rejected, now: float) -> Outcome:
         self.rejected[exc.code] += 1
         env = exc.frame or {}
-        host = env.get("host") if isinstance(env.get("host"), str) else None
+        host = env.get("host")  # unchecked when the envelope was bad: log a bounded name only
+        host = host if isinstance(host, str) and len(host) <= kinds.HOST.max_len else None
         if host and host in self.registry.hosts:
             self.registry.hosts[host].rejected += 1
         self._log_limited(exc.code, f"rejected frame from {host or 'unknown peer'}: {exc}", now)
-        ref = env.get("seq") if isinstance(env.get("seq"), int) and env.get("seq") >= 0 else None
+        seq = env.get("seq")  # as the peer sent it: echo it only if it is a valid seq
+        ref = seq if type(seq) is int and 0 <= seq <= kinds.SEQ.max else None
         body: dict[str, Any] = {"code": exc.code, "reason": exc.detail[:1024], "ref_seq": ref}
         if exc.code == "unsupported_version":
             body["supported"] = list(wire.SUPPORTED_MAJORS)
         return Outcome(reject=exc.code, replies=[self._frame("error", body, now)])
+
+    def internal_error(self, where: str, exc: BaseException, now: float) -> None:
+        """Count and log a failure of our own code that was contained (`where`: decode,
+        diagnosis, tick, ...): the traceback once per place, then one line per 10 s."""
+        self.errors[where] += 1
+        if self.errors[where] == 1:
+            self.log.error("internal error in %s (contained; counted in /api/v1/stats "
+                           "errors.%s)", where, where, exc_info=exc)
+            self._last_log[f"internal:{where}"] = now
+        else:
+            self._log_limited(f"internal:{where}", f"internal error in {where} again "
+                              f"({self.errors[where]} so far): {type(exc).__name__}", now)
 
     def _log_limited(self, key: str, msg: str, now: float) -> None:
         # A hostile or broken agent must not flood the log: one line per reason per 10 s.
@@ -199,7 +222,10 @@ class Ingest:
                 if self.diagnosis is not None:
                     self.diagnosis.host_silent(h.name, h.last_seen, now)
         if self.diagnosis is not None:
-            self.diagnosis.tick(now)
+            try:
+                self.diagnosis.tick(now)
+            except Exception as exc:  # the next tick tries again
+                self.internal_error("tick", exc, now)
 
     def prune(self, now: float) -> None:
         try:
@@ -214,6 +240,7 @@ class Ingest:
             "rejected": {r: self.rejected.get(r, 0) for r in wire.REJECT_REASONS},
             "duplicates": self.duplicates,
             "store_errors": self.store_errors,
+            "errors": dict(self.errors),
             "hosts": len(self.registry.hosts),
             "hosts_silent": sum(1 for h in self.registry.hosts.values() if h.status == "silent"),
         }

@@ -127,6 +127,8 @@ class Server:
             pass  # a peer that does not read its replies loses them; acks are idempotent
         except zmq.ZMQError as exc:
             log.debug("reply to a vanished peer dropped: %s", exc)
+        except Exception as exc:  # our reply failed its own check: drop it, keep serving
+            self.core.ingest.internal_error("reply", exc, self.clock())
 
     def _planner_frames(self, now: float) -> list[tuple[str, wire.Frame]]:
         """C4P's probe and plan frames (call under the lock)."""
@@ -159,22 +161,36 @@ class Server:
                     # DEALER sends exactly one frame: anything else is not a c4 agent.
                     ingest.rejected["malformed"] += 1
                     continue
-                peer, data = parts[0].bytes, parts[1].bytes
-                identity = None
-                if self.enrolled is not None:
-                    # ZAP's User-Id is the connection's key; its host is looked up now.
-                    key = parts[1].get("User-Id").encode()
-                    identity = self.enrolled.host_for(key) or ""
-                out = ingest.handle(data, self.clock(), identity=identity)
-                if out.frame is not None:
-                    self.routes[out.frame.host] = peer
-                for reply in out.replies:
-                    self._send(peer, reply)
+                try:
+                    self._handle(parts)
+                except Exception as exc:  # the last guard: one frame, never the process
+                    ingest.internal_error("ingest", exc, self.clock())
             acks = ingest.take_acks(self.clock())
         for host, ack in acks:
             peer = self.routes.get(host)
             if peer is not None:
                 self._send(peer, ack)
+
+    def _handle(self, parts: list[zmq.Frame]) -> None:
+        peer, data = parts[0].bytes, parts[1].bytes
+        identity = None
+        if self.enrolled is not None:
+            # ZAP's User-Id is the connection's key; its host is looked up now.
+            key = parts[1].get("User-Id").encode()
+            identity = self.enrolled.host_for(key) or ""
+        out = self.core.ingest.handle(data, self.clock(), identity=identity)
+        if out.frame is not None:
+            self.routes[out.frame.host] = peer
+        for reply in out.replies:
+            self._send(peer, reply)
+
+    def _guarded(self, where: str, step: Callable[[], Any]) -> Any:
+        """Run a periodic step; a failure is counted and logged, and the loop goes on."""
+        try:
+            return step()
+        except Exception as exc:
+            self.core.ingest.internal_error(where, exc, self.clock())
+            return None
 
     def run(self) -> int:
         next_tick = self.clock() + TICK_S
@@ -190,15 +206,16 @@ class Server:
             now = self.clock()
             if now >= next_tick:
                 with self.lock:
-                    self.core.ingest.tick(now)
-                    to_hosts = self._planner_frames(now)
-                    self.alerts.tick(now, self.core.diagnosis)  # only queues: a worker sends
-                    self._status()
-                self._send_to_hosts(to_hosts)
+                    self._guarded("tick", lambda: self.core.ingest.tick(now))
+                    to_hosts = self._guarded("planner", lambda: self._planner_frames(now))
+                    # only queues: a worker sends
+                    self._guarded("alerts", lambda: self.alerts.tick(now, self.core.diagnosis))
+                    self._guarded("status", self._status)
+                self._guarded("planner", lambda: self._send_to_hosts(to_hosts or []))
                 next_tick = now + TICK_S
             if now >= next_prune:
                 with self.lock:
-                    self.core.ingest.prune(now)
+                    self._guarded("prune", lambda: self.core.ingest.prune(now))
                 next_prune = now + PRUNE_S
         self.close()
         return 0

@@ -32,9 +32,11 @@ class SeqState:
     def settle_below(self, floor: int) -> None:
         """The sender no longer holds anything below `floor`: stop waiting for it."""
         if floor - 1 > self.contiguous:
-            missing = sum(1 for s in range(self.contiguous + 1, floor) if s not in self.above)
-            self.lost += missing
-            self.above = {s for s in self.above if s >= floor}
+            # Work in proportion to what is stored, never to the gap a peer claims (a floor of
+            # 2^62 must not mean 2^62 steps under the ingest lock).
+            settled = [s for s in self.above if s < floor]
+            self.lost += floor - 1 - self.contiguous - len(settled)
+            self.above.difference_update(settled)
             self.contiguous = floor - 1
             self._advance()
 

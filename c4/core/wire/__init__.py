@@ -20,6 +20,7 @@ DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a report of 1,000 flows and 64 ports fits 
 
 # Why a frame was rejected; each has a counter in the aggregator.
 REJECT_REASONS = (
+    "internal",  # a bug on the aggregator's side: the frame is refused, the process goes on
     "too_large", "malformed", "bad_envelope", "unsupported_version", "unknown_kind", "bad_body",
     "unexpected_kind", "identity",
 )
@@ -79,6 +80,9 @@ def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> Frame:
         env = kinds.ENVELOPE.check(obj)
     except Invalid as exc:
         raise Rejected("bad_envelope", str(exc), obj if isinstance(obj.get("host"), str) else None)
+    floor = env.get("floor")
+    if floor is not None and floor > env["seq"]:
+        raise Rejected("bad_envelope", f"floor {floor} is above seq {env['seq']}", env)
     major, minor = env["v"]
     if major not in SUPPORTED_MAJORS:
         raise Rejected("unsupported_version",

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .schema import (
-    SECONDS, U32, U64, Bool, Enum, Float, Int, Invalid, List, Map, Nullable, Record, Str,
+    SECONDS, SEQ, U32, U64, Bool, Enum, Float, Int, Invalid, List, Map, Nullable, Record, Str,
 )
 from .names import IDENT
 from .sections import EVENTS, SECTIONS
@@ -14,15 +14,15 @@ PORT16 = Int(0, 65535)
 
 ENVELOPE = Record(
     required={
-        "v": List(Int(0, 65535), 2),
+        "v": List(Int(0, 65535), 2, min_len=2),
         "kind": Str(32),
         "host": HOST,
         "boot": IDENT,
-        "seq": U64,
+        "seq": SEQ,
         "ts": SECONDS,
         "body": Record({}, open=True),
     },
-    optional={"floor": U64},
+    optional={"floor": SEQ},
     doc={
         "v": "[major, minor] protocol version; a peer rejects an unknown major",
         "kind": "what the body is: hello, report, event, ack, plan, plan_result, probe, "
@@ -33,8 +33,9 @@ ENVELOPE = Record(
         "seq": "per (host, boot) sequence number, +1 per frame, starting at 1",
         "ts": "sender wall clock, seconds since the epoch",
         "body": "the kind's body (below)",
-        "floor": "agent frames only: the lowest seq the sender still holds for resending; every "
-                 "seq below it is settled (stored, or dropped by a full agent queue and lost)",
+        "floor": "agent frames only: the lowest seq the sender still holds for resending, at "
+                 "most `seq`; every seq below it is settled (stored, or dropped by a full agent "
+                 "queue and lost)",
     },
 )
 
@@ -122,7 +123,7 @@ EVENT_HEAD = Record(
 )
 
 ACK = Record(
-    required={"boot": IDENT, "seq": U64},
+    required={"boot": IDENT, "seq": SEQ},
     doc={"boot": "the agent boot this ack is for",
          "seq": "highest seq such that every frame 1..seq of that boot is stored"},
 )
@@ -203,7 +204,7 @@ PROBE_RESULT = Record(
 )
 ERROR = Record(
     required={"code": Str(32), "reason": Str(1024)},
-    optional={"ref_seq": Nullable(U64), "supported": List(Int(0, 65535), 16)},
+    optional={"ref_seq": Nullable(SEQ), "supported": List(Int(0, 65535), 16)},
     doc={"code": "a reject reason (docs/wire.md#rejections)", "reason": "human explanation",
          "ref_seq": "seq of the offending frame when known",
          "supported": "protocol majors the aggregator speaks (for unsupported_version)"},

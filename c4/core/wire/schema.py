@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 __all__ = [
     "Invalid", "Spec", "Int", "Float", "Str", "Bool", "Enum", "List", "Map",
-    "Record", "Nullable", "U32", "U64", "I64", "COUNTER", "SECONDS",
+    "Record", "Nullable", "U32", "U64", "I64", "SEQ", "COUNTER", "SECONDS",
 ]
 
 
@@ -28,10 +28,27 @@ def render_path(path: PathT) -> str:
     parts: list[str] = []
     while isinstance(path, tuple):
         path, key = path
-        parts.append(str(key))
+        parts.append(_short(str(key)))
     if path:
-        parts.append(str(path))
+        parts.append(_short(str(path)))
     return ".".join(reversed(parts))
+
+
+SHOWN = 48  # characters of a peer's value an error message quotes
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
+
+
+def show(value: Any) -> str:
+    """A rejected value for an error message, bounded whatever the peer sent: a string's first
+    characters, a number, else only its type (repr of a nested value can recurse ~1,000 deep)."""
+    if isinstance(value, str):
+        return repr(_short(value))
+    if type(value) in (int, float, bool) or value is None:
+        return repr(value)
+    return f"a {_tname(value)}"
 
 
 class Invalid(ValueError):
@@ -82,6 +99,9 @@ class Int(Spec):
 U32 = Int(0, 2**32 - 1)
 U64 = Int(0, 2**64 - 1)
 I64 = Int(-(2**63), 2**63 - 1)
+# Sequence numbers are stored in SQLite INTEGER columns (signed 64-bit): a wider range on the
+# wire would pass validation and then fail to store.
+SEQ = Int(0, 2**63 - 1)
 COUNTER = U64
 
 
@@ -131,7 +151,7 @@ class Str(Spec):
         if len(value) < self.min_len:
             raise Invalid(path, f"string shorter than {self.min_len}")
         if self._match is not None and not self._match(value):
-            raise Invalid(path, f"{value!r} does not match {self.pattern}")
+            raise Invalid(path, f"{show(value)} does not match {self.pattern}")
         return value
 
     def describe(self) -> str:
@@ -155,8 +175,8 @@ class Enum(Spec):
     values: tuple[str, ...]
 
     def check(self, value: Any, path: str = "") -> str:
-        if value not in self.values or not isinstance(value, str):
-            raise Invalid(path, f"{value!r} is not one of {', '.join(self.values)}")
+        if not isinstance(value, str) or value not in self.values:
+            raise Invalid(path, f"{show(value)} is not one of {', '.join(self.values)}")
         return value
 
     def describe(self) -> str:
@@ -178,19 +198,24 @@ class Nullable(Spec):
 class List(Spec):
     item: Spec
     max_len: int = 1024
+    min_len: int = 0
 
     def check(self, value: Any, path: str = "") -> list:
         if not isinstance(value, (list, tuple)):
             raise Invalid(path, f"expected array, got {_tname(value)}")
         if len(value) > self.max_len:
             raise Invalid(path, f"array longer than {self.max_len}")
+        if len(value) < self.min_len:
+            raise Invalid(path, f"array shorter than {self.min_len}")
         check = self.item.check
         for i, v in enumerate(value):
             check(v, _join(path, i))
         return value
 
     def describe(self) -> str:
-        return f"array (<= {self.max_len}) of {self.item.describe()}"
+        size = (f"{self.max_len}" if self.min_len == self.max_len
+                else f"{self.min_len}..{self.max_len}" if self.min_len else f"<= {self.max_len}")
+        return f"array ({size}) of {self.item.describe()}"
 
 
 @dataclass(frozen=True)
