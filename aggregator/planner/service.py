@@ -74,6 +74,7 @@ class Planner:
         self.tokens = cfg.probe_sports_per_s
         self.tokens_at = 0.0
         self.proposal: Proposal | None = None
+        self.planned_util = 0.0  # what the last full proposal reached: a re-plan's target
         self.applied: Applied | None = None
         self.in_effect: dict[str, int] = {}  # flow id -> port a plan_result confirmed
         self.epoch = int(db.execute("SELECT COALESCE(MAX(epoch), 0) FROM plans").fetchone()[0])
@@ -251,6 +252,8 @@ class Planner:
         changed = (down ^ self.health.down) | (set(suspect) ^ set(self.health.suspect))
         for lk in (down | set(suspect)) - self.health.down - set(self.health.suspect):
             self.pathmap.forget_link(lk)  # the fabric may route around it differently now
+        if changed:
+            self.asked.clear()  # flows that lost their known ports are probed again at once
         self.health = Health(down, suspect)
         return changed
 
@@ -344,10 +347,13 @@ class Planner:
         complete = all(k >= 0 for k in b.current)
         current_util = solver.max_util(b.inst, b.current) if complete else None
         if replan:
-            r = solver.replan(b.inst, b.current, self.cfg.budget_s)
+            # restore the utilisation the last proposal or plan reached, moving little
+            r = solver.replan(b.inst, b.current, self.cfg.budget_s, self.planned_util)
         else:
             r = solver.plan(b.inst, b.current, self.cfg.budget_s)
         self.proposal = Proposal(b, r, choose_ports(b, r.assign), current_util, now, reason)
+        if not replan:
+            self.planned_util = r.max_util
         return self.proposal
 
     def apply(self, now: float) -> dict[str, Any]:

@@ -18,6 +18,7 @@ Pure arithmetic on indices: the caller (service.py) turns topology, path map and
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -84,20 +85,30 @@ class _State:
         fixed = inst.base.astype(np.float64).copy()
         self.var: list[list[tuple[int, ...]]] = []
         self.d = inst.demand.tolist()
+        # flows between the same endpoints share one candidate list (model.build): split it
+        # into shared and varying arcs once
+        memo: dict[int, tuple[tuple[int, ...], list[tuple[int, ...]]]] = {}
+        arcs: list[int] = []
+        owners: list[int] = []
         for f, paths in enumerate(inst.cand):
-            p0 = paths[0]
-            common = set(p0).intersection(*paths[1:]) if len(paths) > 1 else set(p0)
-            for a in common:
-                fixed[a] += self.d[f]
-            if len(common) == 2 and p0[0] in common and p0[-1] in common and \
-                    all(p[0] == p0[0] and p[-1] == p0[-1] for p in paths):
-                self.var.append([p[1:-1] for p in paths])  # the usual case: shared NIC links
-            else:
-                self.var.append([tuple(a for a in p if a not in common) for p in paths])
+            got = memo.get(id(paths))
+            if got is None:
+                p0 = paths[0]
+                common = set(p0).intersection(*paths[1:]) if len(paths) > 1 else set(p0)
+                if len(common) == 2 and p0[0] in common and p0[-1] in common and \
+                        all(p[0] == p0[0] and p[-1] == p0[-1] for p in paths):
+                    var = [p[1:-1] for p in paths]  # the usual case: shared NIC links
+                else:
+                    var = [tuple(a for a in p if a not in common) for p in paths]
+                got = memo[id(paths)] = (tuple(common), var)
+            arcs.extend(got[0])
+            owners.extend([f] * len(got[0]))
+            self.var.append(got[1])
+        np.add.at(fixed, np.array(arcs, dtype=np.intp), inst.demand[np.array(owners, dtype=np.intp)])
         self.fixed_util = float(np.max(fixed / inst.cap)) if n_arcs else 0.0
         self.load = fixed.tolist()
         self.assign = [-1] * inst.flows
-        self.on: list[set[int]] = [set() for _ in range(n_arcs)]
+        self.on: defaultdict[int, set[int]] = defaultdict(set)  # arc -> flows on it
         self.budget = 0
 
     def place(self, f: int, k: int) -> None:
@@ -251,14 +262,15 @@ class _State:
             self.lift(f)
             self.place(f, k)
 
-    def improve(self, deadline: float, free: set[int] | None = None, depth: int = 3) -> None:
-        """Lower the maximum utilisation level by level until a level cannot be cleared or
-        time runs out; a failed level is rolled back."""
+    def improve(self, deadline: float, free: set[int] | None = None, depth: int = 3,
+                target: float = 0.0) -> None:
+        """Lower the maximum utilisation level by level until a level cannot be cleared, the
+        maximum is at `target` or time runs out; a failed level is rolled back."""
         free = free if free is not None else set()
         while time.perf_counter() < deadline:
             u = self.util()
             top = max(u, default=0.0)
-            if top <= self.fixed_util + EPS or top <= EPS:
+            if top <= max(self.fixed_util, target) + EPS or top <= EPS:
                 return
             limit = top - max(EPS, top * 1e-9)
             hot = sorted((a for a, x in enumerate(u) if x >= limit), key=lambda a: -u[a])
@@ -270,6 +282,25 @@ class _State:
                     self._undo(journal, 0)
                     return
             free.update(f for f, _ in journal)
+
+
+    def restore(self, prev: Sequence[int]) -> None:
+        """Undo moves the final maximum does not need: a moved flow goes back to its previous
+        path when that leaves every link at or below the maximum reached."""
+        level = self.max_util() + EPS
+        changed = True
+        while changed:
+            changed = False
+            for f, k in enumerate(prev):
+                cur = self.assign[f]
+                if k < 0 or cur == k:
+                    continue
+                d, mine = self.d[f], self.var[f][cur]
+                if all((self.load[a] + d) * self.inv[a] <= level
+                       for a in self.var[f][k] if a not in mine):
+                    self.lift(f)
+                    self.place(f, k)
+                    changed = True
 
 
 def _result(inst: Instance, st: _State, prev: Sequence[int] | None, t0: float) -> Result:
@@ -288,6 +319,8 @@ def plan(inst: Instance, current: Sequence[int] | None = None,
     st = _State(inst)
     st.greedy(range(inst.flows), current)
     st.improve(t0 + budget_s)
+    if current is not None:
+        st.restore(current)
     best = _result(inst, st, current, t0)
     if current is not None and all(k >= 0 for k in current) and \
             max_util(inst, current) <= best.max_util + EPS:
@@ -298,10 +331,13 @@ def plan(inst: Instance, current: Sequence[int] | None = None,
     return best
 
 
-def replan(inst: Instance, prev: Sequence[int], budget_s: float = 0.1) -> Result:
+def replan(inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
+           target: float = 0.0) -> Result:
     """Re-plan from `prev` (per flow: candidate index, -1 where the old path is no longer
     usable or unknown): displaced flows are placed largest first, then improvement prefers
-    moving them; every other flow moves only to lower the maximum utilisation."""
+    moving them; every other flow moves only to lower the maximum utilisation, and not at all
+    once it is at or below `target` (a re-plan after a failure restores the utilisation the
+    plan had before it with the fewest moves; a full plan improves further)."""
     t0 = time.perf_counter()
     st = _State(inst)
     displaced = []
@@ -311,7 +347,8 @@ def replan(inst: Instance, prev: Sequence[int], budget_s: float = 0.1) -> Result
         else:
             displaced.append(f)
     st.greedy(displaced)
-    st.improve(t0 + max(budget_s, 0.0), set(displaced))
+    st.improve(t0 + max(budget_s, 0.0), set(displaced), target=target)
+    st.restore(prev)
     return _result(inst, st, prev, t0)
 
 
@@ -410,3 +447,50 @@ def lp_bound(inst: Instance, time_limit: float = 60.0) -> float | None:
 def milp_optimum(inst: Instance, time_limit: float = 60.0) -> float | None:
     """The integral optimum, None when HiGHS does not prove it within `time_limit`."""
     return _solve(inst, True, time_limit)[0]
+
+
+def min_moves(inst: Instance, prev: Sequence[int], level: float,
+              time_limit: float = 10.0) -> int | None:
+    """The fewest flows any assignment with maximum utilisation <= `level` must move away
+    from `prev` (-1: displaced, counts as moved), or None when HiGHS does not prove it in
+    time. The benchmark compares a re-plan's moves with this."""
+    import highspy
+
+    scale = 1.0 / float(np.max(inst.cap))
+    cap, dem, base = inst.cap * scale, inst.demand * scale, inst.base * scale
+    n_arcs = len(cap)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("threads", 1)
+    rows: list[list[tuple[int, float]]] = [[] for _ in range(n_arcs)]
+    col = 0
+    lower, upper, cost = [], [], []
+    flow_cols: list[list[int]] = []
+    for f, paths in enumerate(inst.cand):
+        mine = []
+        for k, p in enumerate(paths):
+            cost.append(0.0 if k == prev[f] else 1.0)
+            lower.append(0.0)
+            upper.append(1.0)
+            for a in set(p):
+                rows[a].append((col, float(dem[f])))
+            mine.append(col)
+            col += 1
+        flow_cols.append(mine)
+    h.addVars(col, np.array(lower), np.array(upper))
+    h.changeColsCost(col, np.arange(col, dtype=np.int32), np.array(cost))
+    h.changeColsIntegrality(col, np.arange(col, dtype=np.int32),
+                            np.array([highspy.HighsVarType.kInteger] * col))
+    for cols in flow_cols:
+        h.addRow(1.0, 1.0, len(cols), np.array(cols, dtype=np.int32), np.ones(len(cols)))
+    for a, entries in enumerate(rows):
+        if entries:
+            idx = np.array([c for c, _ in entries], dtype=np.int32)
+            val = np.array([v for _, v in entries])
+            h.addRow(-highspy.kHighsInf, float(level * cap[a] - base[a]) + 1e-9, len(idx),
+                     idx, val)
+    h.run()
+    if h.modelStatusToString(h.getModelStatus()) != "Optimal":
+        return None
+    return int(round(h.getInfo().objective_function_value))
