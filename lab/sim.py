@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from c4.agent.collectors.base import Event
 from c4.core import ordinals, record
 from c4.core.topology import Topology, endpoint, pair_id
 from c4.core.wire import Frame, encode
@@ -41,6 +42,7 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "slow-node": ("comm_slow", "HOST or HOST/DEV (one NIC)"),
     "slow-link": ("comm_slow", "HOST,HOST (the path between two hosts)"),
     "lossy-link": ("comm_slow", "LEAF-SPINE (a fabric link id)"),
+    "slow-fabric": ("comm_slow", "LEAF-SPINE (a fabric link slowed by x=, in dir=, no loss)"),
     "hang": ("noncomm_hang", "RANK (stops calling collectives)"),
     "sigstop": ("noncomm_hang", "RANK (stopped inside a collective: its plugin falls silent, "
                 "the agent repeats its last summary, then drops it)"),
@@ -59,7 +61,7 @@ RANK_KINDS = ("hang", "straggler", "xid", "sigstop", "kernel-hang")
 INSIDE_KINDS = ("nic-down", "sigstop", "kernel-hang")  # every rank enters the stuck op
 AGENT_REPEATS = 5  # the agent repeats a silent process's last summary this many intervals
 TRANSPORTS = ("nccl", "tcp")
-TCP_KINDS = ("slow-node", "slow-link", "lossy-link")  # what a TCP-only job can show
+TCP_KINDS = ("slow-node", "slow-link", "lossy-link", "slow-fabric")  # what a TCP-only job can show
 TCP_PORT = 29500  # the job's listening port (the rendezvous side of each connection)
 TCP_GOODPUT = 1.2e9  # bytes/s per connection at nominal speed
 TCP_SRTT_US = 40.0
@@ -143,6 +145,7 @@ class SimConfig:
     restart_at: list[float] = field(default_factory=list)
     restart_downtime: float = 20.0
     late_join: float = 8.0
+    slow_start: float = 0.0  # up to this long one host's ranks start the first collective late
     stall_event_s: float = 5.0
     nic_gbps: float = 400.0
 
@@ -192,11 +195,16 @@ class Conn:
 class Incarnation:
     """One run of a job (a communicator): created at launch, ended by a restart."""
 
-    def __init__(self, comm: str, start: float, join: dict[str, float], init_s: float) -> None:
+    def __init__(self, comm: str, start: float, join: dict[str, float], init_s: float,
+                 first_late: dict[str, float] | None = None) -> None:
         self.comm = comm
         self.start = start
         self.join = join
-        self.ops_start = max(join.values()) + init_s
+        # every host's ranks enter the first collective once init is done, a late one's
+        # (loading data) after its delay: the others wait inside it until then
+        ready = max(join.values()) + init_s
+        self.ready = {h: ready + (first_late or {}).get(h, 0.0) for h in join}
+        self.ops_start = max(self.ready.values())
         self.end: float | None = None
         self.exit: dict[str, float] = {}
         self.knots: list[tuple[float, float, float]] = [(self.ops_start, 0.0, 0.0)]  # (t, S, rate)
@@ -350,6 +358,7 @@ class Simulator:
         # other tenants' congestion: (start, end, fabric link, direction, factor)
         self.bursts: list[tuple[float, float, str, str, float]] = []
         self.checkpoints: list[tuple[float, float, int]] = []  # (start, end, job index)
+        self.pauses: list[Fault] = []  # a checkpoint writer's pause, as a healed `hang`
         self._plan_realism()
         for job in self.jobs:
             self._launch(job, 0.0, late=cfg.realism)
@@ -367,9 +376,9 @@ class Simulator:
             pair = f.target.split(",")
             if len(pair) != 2 or not all(p in hosts for p in pair) or pair[0] == pair[1]:
                 raise SimError(f"fault slow-link: target {f.target!r} is not HOST,HOST")
-        elif f.kind == "lossy-link":
+        elif f.kind in ("lossy-link", "slow-fabric"):
             if f.target not in self.topo.links or self.topo.links[f.target].kind != "fabric":
-                raise SimError(f"fault lossy-link: {f.target!r} is not a fabric link")
+                raise SimError(f"fault {f.kind}: {f.target!r} is not a fabric link")
         elif f.kind in ("nic-down", "link-flap", "pfc-storm", "aer") or "/" in f.target:
             h, _, dev = f.target.partition("/")
             if h not in hosts or hosts[h].nic(dev) is None:
@@ -390,7 +399,8 @@ class Simulator:
         """Clean-run noise that must not raise incidents: one-off slow steps, transient
         congestion on one connection, one rank late for one op (GC pause), other tenants'
         congestion on a fabric link (2-6 s, 1.8-4x, one direction), checkpoints (every rank
-        pauses between collectives for 10-40 s)."""
+        pauses between collectives for 10-40 s, or half of them: rank 0 writes while the others
+        wait for it inside the next collective)."""
         if not self.cfg.realism:
             return
         fabric = sorted(lk for lk, x in self.topo.links.items() if x.kind == "fabric")
@@ -425,6 +435,14 @@ class Simulator:
                 self.blips.setdefault(k, []).append((kind, (job.index, arg)))
                 self.clean_events.append({"kind": kind, "t": k * self.cfg.interval,
                                           "job": job.id})
+        for a, b, j in list(self.checkpoints):
+            if self.rng.random() < 0.5:  # the writer stops calling collectives; healed at b
+                self.checkpoints.remove((a, b, j))
+                g = self.hosts.index(self.jobs[j].hosts[0]) * self.cfg.gpus_per_host
+                self.pauses.append(Fault("hang", str(g), a, b))
+                for e in self.clean_events:
+                    if e["kind"] == "checkpoint" and e["t"] == round(a, 2):
+                        e["kind"] = "checkpoint_inside"
 
     def _launch(self, job: Job, t: float, late: bool) -> None:
         rng = self.rng
@@ -433,7 +451,10 @@ class Simulator:
             join[h] = t + (rng.uniform(0, self.cfg.late_join) if late and rng.random() < 0.25
                            else rng.uniform(0, 0.5))
         comm = f"{rng.getrandbits(64):016x}"
-        job.incs.append(Incarnation(comm, t, join, init_s=2.0))
+        late_h = {}
+        if late and self.cfg.slow_start and rng.random() < 0.5:  # a host still loading data
+            late_h[rng.choice(job.hosts)] = rng.uniform(0.2, 1.0) * self.cfg.slow_start
+        job.incs.append(Incarnation(comm, t, join, 2.0, late_h))
 
     # -- truth --------------------------------------------------------------------------------
     def truth(self) -> dict[str, Any]:
@@ -470,9 +491,10 @@ class Simulator:
             a, b = t.split(",")
             return {"suspect": {"kind": "link", "id": pair_id(a, b), "host": None},
                     "job": self._job_id(a)}
-        if f.kind == "lossy-link":
+        if f.kind in ("lossy-link", "slow-fabric"):
+            d = f.params.get("dir")
             return {"suspect": {"kind": "link", "id": t, "host": None}, "job": None,
-                    "connections": sum(t in c.links for j in self.jobs for c in j.conns)}
+                    "connections": sum(_crosses(c, t, d) for j in self.jobs for c in j.conns)}
         host = t.partition("/")[0]
         kind = "nic" if "/" in t else "host"
         return {"suspect": {"kind": kind, "id": t, "host": host}, "job": self._job_id(host)}
@@ -570,7 +592,8 @@ class Simulator:
         hi = min(t1, inc.end) if inc.end is not None else t1
         if lo >= hi:
             return
-        hangs = [f for f in self.faults if f.kind in HANG_KINDS and self._hits_job(f, job)]
+        hangs = [f for f in self.faults + self.pauses
+                 if f.kind in HANG_KINDS and self._hits_job(f, job)]
         active = [f for f in hangs if f.active(lo)]
         starting = [f for f in hangs if lo < f.start < hi]
         if inc.frozen_at is not None:
@@ -645,6 +668,8 @@ class Simulator:
             return x if f.target in (c.src_host, c.dst_host) else 1.0
         if f.kind == "slow-link":
             return x if _pair_hit(f, c) else 1.0
+        if f.kind == "slow-fabric":
+            return x if _crosses(c, f.target, f.params.get("dir")) else 1.0
         if f.kind in ("pfc-storm", "link-flap") and self._conn_stuck(f, c):
             return 1.0 + (x - 1.0) / 2
         return 1.0
@@ -765,11 +790,15 @@ class Simulator:
                 done = math.floor(s_now)
                 started = done + (1 if s_now - done >= cf - 1e-9 else 0)
                 n = done - math.floor(s_prev)
+            starting = inc.ready[host] <= t < inc.ops_start  # in op 0, a late host not yet
+            if starting:
+                started = 1
             inflight = None
             oldest = ordinals.oldest_incomplete(started, done)
             if oldest is not None:
-                t_enter = inc.t_of(done + cf)
-                prog = (t - inc.stall_since) if frozen else rng.uniform(0.0, 0.05)
+                t_enter = inc.ready[host] if starting else inc.t_of(done + cf)
+                prog = (t - inc.stall_since) if frozen else \
+                    (t - t_enter) if starting else rng.uniform(0.0, 0.05)
                 inflight = {"seq": oldest, "func": "AllReduce",
                             "age_s": round(max(0.0, t - t_enter), 4),
                             "progress_age_s": round(max(0.0, prog), 4)}
@@ -996,12 +1025,8 @@ class Simulator:
 
 def _event(type_: str, severity: str, attrs: dict[str, Any], msg: str,
            device: str | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"type": type_, "severity": severity, "attrs": attrs}
-    if msg:
-        body["msg"] = msg
-    if device:
-        body["device"] = device
-    return body
+    """An event body built exactly as the agent builds it."""
+    return Event(type_, severity, attrs, msg, device or None).body()
 
 
 def xid_pci(pci: str) -> str:

@@ -128,7 +128,8 @@ class Diagnosis:
             for f in findings:
                 self.store.report(f, now)
             self.store.tick(now)
-            self.model.expire(now, self.cfg.comm_expire_intervals)
+            for comm in self.model.expire(now, self.cfg.comm_expire_intervals):
+                self.hang.forget(comm)
 
     # -- queries (API thread) -------------------------------------------------------------
     def incidents(self, state: str | None = None) -> list[dict[str, Any]]:

@@ -24,8 +24,8 @@ class DiagnosisConfig:
         "its peers wait in (it writes a checkpoint), is a hang only after this long, or 1.5x "
         "the longest such pause the job recovered from, if longer (learned)")
     startup_grace_s: float = field(
-        60.0, "a communicator's first collective (none completed yet) is hung only after this "
-        "long: ranks start it as they finish loading")
+        60.0, "a communicator's first collective is hung only after this long: ranks start it "
+        "as they finish loading")
     stale_intervals: float = field(
         3.0, "a rank whose report is older than this many report intervals counts as missing")
     comm_expire_intervals: float = field(

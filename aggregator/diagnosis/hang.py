@@ -18,7 +18,7 @@ from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
 from .model import Comm, Model, Rank
-from .slow import matrix, to_suspect
+from .slow import describe, matrix, nic_path
 
 STUCK_SHARE = 0.5  # a send connection that spent this share of the interval in SendWait
 MAX_CULPRIT_HOSTS = 4  # beyond this, "everyone is behind someone": not localised
@@ -30,6 +30,8 @@ class HangDetector:
     def __init__(self, cfg: DiagnosisConfig, model: Model) -> None:
         self.cfg = cfg
         self.model = model
+        self.pause_s: dict[str, float] = {}  # job -> longest idle-rank pause it recovered from
+        self.pausing: dict[str, float] = {}  # comm -> the idle-rank pause going on (seconds)
 
     def threshold(self, comm: Comm) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_op_factor * (comm.period or 0.0))
@@ -40,9 +42,13 @@ class HangDetector:
         for r in comm.ranks.values():
             (missing if now - r.seen > stale or self.model.exited(r) else live).append(r)
         thr = self.threshold(comm)
+        # the first collective: ranks start it as they finish loading
+        first = max(thr, self.cfg.startup_grace_s)
         ages = {r.rank: _age(r, now) for r in live if r.inflight}
-        stalled = [r for r in live if ages.get(r.rank, 0.0) >= thr]
+        stalled = [r for r in live if ages.get(r.rank, 0.0) >= (
+            first if ordinals.position(r.seq_started, r.inflight)[0] == 0 else thr)]
         if not stalled:
+            self._recovered(comm)
             return []
         # W: the ordinal the stalled ranks wait in (c4/core/ordinals.py: 0-based, unlike the
         # counts seq_started / seq_completed)
@@ -55,9 +61,27 @@ class HangDetector:
                               "stalled_s": round(stalled_s, 2), "threshold_s": round(thr, 2),
                               "seq": wseq, "func": stalled[0].inflight.get("func")}  # type: ignore[union-attr]
         culprits = behind + missing or self._blockers(comm, live)
+        if behind and not missing and all(r.inflight is None for r in behind):
+            # alive and idle, not entering the op the others wait in: a checkpoint writer
+            # looks exactly like this until it outlasts what the job's checkpoints take
+            self.pausing[comm.comm] = stalled_s
+            if stalled_s < max(self.cfg.checkpoint_s, self.pause_s.get(comm.job, 0.0)):
+                return []
+            ev["pause_allowance_s"] = round(max(self.cfg.checkpoint_s,
+                                                self.pause_s.get(comm.job, 0.0)), 1)
         if culprits:
             return self._noncomm(comm, culprits, missing, stalled, ev, first)
         return [self._comm(comm, live, ev, first)]
+
+    def _recovered(self, comm: Comm) -> None:
+        """The op moves again: an idle-rank pause that ended by itself was legitimate (a
+        checkpoint), and the job's next ones may last as long."""
+        pause = self.pausing.pop(comm.comm, None)
+        if pause is not None:
+            self.pause_s[comm.job] = max(self.pause_s.get(comm.job, 0.0), 1.5 * pause)
+
+    def forget(self, comm: Comm) -> None:
+        self.pausing.pop(comm.comm, None)
 
     @staticmethod
     def _blockers(comm: Comm, live: list[Rank]) -> list[Rank]:
@@ -140,19 +164,19 @@ class HangDetector:
         stuck &= set(cells)
         ranked = localise.rank(stuck, cells) if stuck else []
         top = ranked[0] if ranked else None
-        suspects = [to_suspect(h) for h in top.ranked()[:4]] if top else []
         e = dict(ev, stuck_connections=sorted(f"{a}->{b}" for a, b in stuck)[:16])  # type: ignore[misc]
+        suspects: list[Suspect] = []
+        aliases: tuple[str, ...] = ()
         if top is not None:
-            e["aliases"] = top.aliases
-            e["connections_through_suspect"] = top.n_all
-        where = f"{top.kind} {top.id}" if top and top.posterior >= self.cfg.localise_confidence \
-            else "no single component (ambiguous)"
+            suspects, named, aliases = localise.name(top, nic_path(comm, top.bad))
+            e.update(named, connections_through_suspect=top.n_all)
+        where = describe(suspects[0], self.cfg.localise_confidence) if suspects else \
+            "no single component (ambiguous)"
         summary = (f"all {ev['live_ranks']} ranks entered {ev['func']} seq {ev['seq']} and no "
                    f"data moved for {ev['stalled_s']:.0f}s; {len(stuck)} connection(s) stuck in "
                    f"network wait; suspect: {where}")
         return Finding("comm_hang", comm.job, comm.comm, suspects, summary, e, first,
-                       matrix=matrix(comm, top.bad) if top else None,
-                       aliases=tuple(top.aliases) if top else ())
+                       matrix=matrix(comm, top.bad) if top else None, aliases=aliases)
 
 
 def _age(r: Rank, now: float) -> float:

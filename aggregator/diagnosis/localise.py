@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Mapping
+from typing import Any, Hashable, Iterable, Mapping
+
+from .findings import Suspect
 
 ALPHA = 1e-3  # a healthy connection persistently slow (or stuck) anyway
 BETA = 0.2  # a connection through the faulty component not flagged (marginal, no data)
@@ -30,6 +32,26 @@ _C = math.log(ALPHA / (1 - ALPHA))
 # (kind, id, host, priority): lower priority names an alias group
 Component = tuple[str, str, "str | None", int]
 PRIO_HOST, PRIO_NIC, PRIO_FABRIC, PRIO_ACCESS, PRIO_PAIR = range(5)
+_INTO = "=>"
+
+
+def directed(link: str, to: str) -> str:
+    """Component id of one direction of a cable (each is its own component: a fault is
+    often in one): the link and the node it enters."""
+    return f"{link}{_INTO}{to}"
+
+
+def link_name(cid: str) -> tuple[str, str | None]:
+    """(link id, the node a directed link component enters, or None)."""
+    link, sep, to = cid.partition(_INTO)
+    return link, (to or None) if sep else None
+
+
+def public_key(key: str) -> str:
+    """A component key ("kind:id") as incidents and people name it: a cable, not one of its
+    directions."""
+    kind, _, cid = key.partition(":")
+    return f"{kind}:{link_name(cid)[0]}"
 
 
 @dataclass
@@ -126,7 +148,7 @@ def _root(comp: Component) -> str:
         return f"host:{host}"
     if prio == PRIO_ACCESS:
         return f"host:{cid.partition('/')[0]}"
-    return f"link:{cid}"
+    return f"link:{link_name(cid)[0]}"
 
 
 def peel(bad: set[Hashable], cells: Mapping[Hashable, list[Component]], confidence: float,
@@ -171,3 +193,51 @@ def votes(bad: Iterable[Hashable], paths: Mapping[Hashable, list[str] | None]) -
         for link in paths.get(key) or ():
             out[link] = out.get(link, 0) + 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1])[:6])
+
+
+def name(top: Hypothesis, path: str | None = None,
+         n: int = 4) -> tuple[list[Suspect], dict[str, Any], tuple[str, ...]]:
+    """(suspects best first, evidence, alias keys) of one fault, named as people and
+    incidents name components: a cable, with the direction(s) it failed in as evidence.
+
+    When unrelated components explain exactly the same connections (`split`: a lone
+    connection's NICs, cables and fabric links), the evidence names the connection's `path`
+    (when given) with those candidate links, at the confidence the evidence gives it."""
+    sus: list[Suspect] = []
+    seen: set[str] = set()
+    for h in top.ranked():
+        key = public_key(f"{h.kind}:{h.id}")
+        if key not in seen and len(sus) < n:
+            seen.add(key)
+            sus.append(Suspect(h.kind, key.partition(":")[2], h.host, None, h.posterior))
+    keys = [f"{top.kind}:{top.id}"] + top.aliases
+    aliases = tuple(dict.fromkeys(k for k in map(public_key, top.aliases) if k not in seen))
+    towards: dict[str, list[str]] = {}
+    cables: list[str] = []
+    for k in keys:
+        kind, _, cid = k.partition(":")
+        link, to = link_name(cid)
+        if kind == "link" and link not in towards:
+            towards[link] = []
+            cables.append(link)
+        if to:
+            towards[link].append(to)
+    ev: dict[str, Any] = {"aliases": list(aliases)}
+    if top.kind == "link":
+        ev["direction"] = _direction(top.id, towards[link_name(top.id)[0]])
+    if top.split > 1 and path is not None:
+        ev["candidate_links"] = {lk: _direction(lk, towards[lk]) for lk in cables}
+        sus.insert(0, Suspect("path", path, None, None, top.posterior))
+        sus = sus[:n]
+    return sus, ev, aliases
+
+
+def _direction(cid: str, towards: list[str]) -> str:
+    """Which way a named cable failed: one direction's component explains the connections
+    best, or the whole cable does (both ways, or the only way the job crosses it)."""
+    _, to = link_name(cid)
+    if to:
+        return f"towards {to}"
+    if len(towards) == 1:
+        return f"towards {towards[0]} (the only direction with traffic)"
+    return "both"

@@ -93,7 +93,7 @@ class SlowDetector:
         vals = [comm.cells[k].slow_value * 1e9 for k in top.bad]
         slow_gb = median(vals)
         ratio = slow_gb / base_gb if base_gb else 0.0
-        suspects = [to_suspect(h) for h in top.ranked()[:4]]
+        suspects, named, aliases = localise.name(top, nic_path(comm, top.bad))
         conns = [f"{k[0]}->{k[1]}" for k in top.bad[:8]]
         paths = {k: comm.cells[k].path for k in top.bad}
         evidence: dict[str, Any] = {
@@ -103,23 +103,34 @@ class SlowDetector:
             "slow_s_per_gb": round(slow_gb, 5),
             "ratio": round(ratio, 2),
             "connections": conns,
-            "aliases": top.aliases,
+            **named,
             "paths_voting": localise.votes(top.bad, paths),
             "counters": self.counters.corroborate(comm, [comm.cells[k] for k in top.bad]),
         }
-        what = f"{top.kind} {top.id}" if top.posterior >= self.cfg.localise_confidence else \
-            "no single component (ambiguous)"
+        what = describe(suspects[0], self.cfg.localise_confidence)
         summary = (f"{top.n_bad} connection(s) move data at {ratio:.1f}x the job's network time "
                    f"per byte ({slow_gb:.3f} vs {base_gb:.3f} s/GB); suspect: {what}")
         if evidence["counters"]:
             summary += "; NIC counters corroborate"
         first = min(comm.cells[k].since for k in top.bad)
         return Finding("comm_slow", comm.job, comm.comm, suspects, summary, evidence, first,
-                       matrix=matrix(comm, top.bad), aliases=tuple(top.aliases))
+                       matrix=matrix(comm, top.bad), aliases=aliases)
 
 
-def to_suspect(h: localise.Hypothesis) -> Suspect:
-    return Suspect(h.kind, h.id, h.host, None, h.posterior)
+def describe(top: Suspect, confidence: float) -> str:
+    if top.kind == "path":
+        return f"path {top.id} ({top.confidence:.2f}: its links cannot be told apart)"
+    return f"{top.kind} {top.id}" if top.confidence >= confidence else \
+        "no single component (ambiguous)"
+
+
+def nic_path(comm: Comm, keys: list[Hashable]) -> str | None:
+    """The NIC -> NIC path of connections that all join the same two NICs."""
+    ends = set()
+    for src, dst in keys:  # type: ignore[misc]
+        s, d = comm.ranks.get(src), comm.ranks.get(dst)
+        ends.add(f"{(s.nic or s.host) if s else src}->{(d.nic or d.host) if d else dst}")
+    return ends.pop() if len(ends) == 1 else None
 
 
 def matrix(comm: Comm, focus_cells: list[Hashable]) -> dict[str, Any] | None:

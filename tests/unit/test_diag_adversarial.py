@@ -1,0 +1,103 @@
+"""C4D on syndromes that do not share its assumptions (issue 13), end to end through `c4 sim`
+and the real replay: start-up and checkpoints that are not hangs, one-direction faults, links
+crossed by one connection, marginal slow NICs and low packet loss."""
+from __future__ import annotations
+
+from c4.aggregator.config import AggregatorConfig
+from c4.aggregator.replay import replay
+from c4.lab.evaluate import clock_origin, load_truth, score
+from c4.lab.sim import Fault, SimConfig, Simulator
+
+SMALL = dict(hosts=4, gpus_per_host=4, leaves=4, spines=2)
+
+
+def replayed(tmp_path, sim: Simulator, **diagnosis):
+    out = tmp_path / "run.c4rec"
+    sim.run(out)
+    res = replay(out, cfg=AggregatorConfig(diagnosis=diagnosis) if diagnosis else None)
+    truth = load_truth(out)
+    return res, score(truth, res.incidents, clock_origin(out, truth))
+
+
+def test_a_host_slow_to_start_is_no_hang(tmp_path):
+    """node003 loads data for 30 s after init while the others wait in the first collective."""
+    sim = Simulator(SimConfig(duration=60, seed=3, realism=False, **SMALL))
+    inc = sim.jobs[0].incs[0]
+    inc.ready["node003"] += 30.0
+    inc.ops_start = inc.knots[0][0] + 30.0
+    inc.knots = [(inc.ops_start, 0.0, 0.0)]
+    res, _ = replayed(tmp_path, sim)
+    assert res.incidents == [], [i["summary"] for i in res.incidents]
+
+
+def test_a_checkpoint_inside_a_collective_is_no_hang(tmp_path):
+    """Rank 0 writes for 25 s while every other rank waits for it in the next collective."""
+    sim = Simulator(SimConfig(duration=70, seed=4, realism=False, **SMALL))
+    sim.pauses = [Fault("hang", "0", 20.0, 45.0)]
+    res, _ = replayed(tmp_path, sim)
+    assert res.incidents == [], [i["summary"] for i in res.incidents]
+
+
+def test_checkpoint_length_is_learned(tmp_path):
+    """Declared 10 s: the first 15 s pause is a hang (as declared); the job recovered from it,
+    so the next, 20 s long, is within what its checkpoints take."""
+    sim = Simulator(SimConfig(duration=100, seed=5, realism=False, **SMALL))
+    sim.pauses = [Fault("hang", "0", 20.0, 35.0), Fault("hang", "0", 60.0, 80.0)]
+    res, _ = replayed(tmp_path, sim, checkpoint_s=10.0)
+    assert len(res.incidents) == 1, [i["summary"] for i in res.incidents]
+    assert res.incidents[0]["class"] == "noncomm_hang"
+    assert res.incidents[0]["evidence"]["pause_allowance_s"] == 10.0
+
+
+def test_a_rank_that_stops_is_named_after_the_checkpoint_allowance(tmp_path):
+    sim = Simulator(SimConfig(duration=100, seed=6, realism=False,
+                              faults=[Fault("hang", "5", 15.0)], **SMALL))
+    _, sc = replayed(tmp_path, sim)
+    assert sc.named == 1, sc.misses
+    assert 60.0 <= sc.localise_s[0] <= 70.0
+
+
+def crossings(seed: int, **cfg) -> dict[tuple[str, str], int]:
+    """(fabric link, up | down) -> connections of the job crossing it that way."""
+    job = Simulator(SimConfig(**cfg, seed=seed, realism=False)).jobs[0]
+    out: dict[tuple[str, str], int] = {}
+    for c in job.conns:
+        for i, lk in enumerate(c.links[1:-1]):
+            key = (lk, "up" if i == 0 else "down")
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+TREE = dict(hosts=8, gpus_per_host=4, leaves=4, spines=2, collective="tree")
+
+
+def test_a_link_slow_one_way_is_named_with_its_direction(tmp_path):
+    """The other direction's healthy connections must not clear it. (A tree: several host
+    pairs cross each fabric link; in a ring only one does, see the next test.)"""
+    n = crossings(7, **TREE)
+    link = max(sorted({lk for lk, _ in n}), key=lambda lk: min(n.get((lk, "up"), 0),
+                                                                 n.get((lk, "down"), 0)))
+    sim = Simulator(SimConfig(duration=45, seed=7, realism=False, **TREE,
+                              faults=[Fault.parse(f"slow-fabric:{link}@10;x=2.5;dir=up")]))
+    res, sc = replayed(tmp_path, sim)
+    assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+    spine = link.split("-")[1]
+    assert res.incidents[0]["evidence"]["direction"] == f"towards {spine}"
+
+
+def test_a_link_one_connection_crosses_is_named_as_its_path(tmp_path):
+    """Its NICs, cables and fabric links cannot be told apart: the path, with the candidate
+    links and a confidence that does not act. (In a ring, each direction of a fabric link
+    carries one host pair's connections: the up link at one end and the down link at the
+    other explain them equally.)"""
+    two = dict(hosts=4, gpus_per_host=2, leaves=4, spines=2)  # two connections per host pair
+    lone = sorted(k for k, n in crossings(8, **two).items() if n == 1)
+    link, d = lone[0]
+    sim = Simulator(SimConfig(duration=45, seed=8, realism=False, **two,
+                              faults=[Fault.parse(f"slow-fabric:{link}@10;x=3;dir={d}")]))
+    res, sc = replayed(tmp_path, sim)
+    (inc,) = res.incidents
+    top = inc["suspects"][0]
+    assert top["kind"] == "path" and top["confidence"] < 0.5 and inc["localised"] is None
+    assert link in inc["evidence"]["candidate_links"]
+    assert sc.false_isolations == 0
