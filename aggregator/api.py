@@ -33,6 +33,14 @@ class BadRequest(Exception):
     pass
 
 
+class Unhealthy(Exception):
+    """/healthz when the aggregator cannot do its job (a store that cannot write): 503."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__("unhealthy")
+        self.body = body
+
+
 class Unauthorized(Exception):
     """401: a state-changing request without the right bearer token."""
 
@@ -79,8 +87,15 @@ class Api:
         now = self.clock()
         with self.lock:
             if parts == ["healthz"]:
-                return {"ok": True, "uptime_s": round(now - self.started, 3),
-                        "hosts": len(self.ingest.registry.hosts)}
+                failing = self.ingest.store.failing
+                health = {"ok": failing is None, "uptime_s": round(now - self.started, 3),
+                          "hosts": len(self.ingest.registry.hosts),
+                          "store": {"writable": failing is None,
+                                    "error": failing[0] if failing else None,
+                                    "since": failing[1] if failing else None}}
+                if failing is not None:
+                    raise Unhealthy(health)
+                return health
             if parts[:2] != ["api", "v1"] or len(parts) < 3:
                 raise NotFound(path)
             what, rest = parts[2], parts[3:]
@@ -215,6 +230,8 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                 body, code = {"error": f"not found: {exc}"}, 404
             except BadRequest as exc:
                 body, code = {"error": str(exc)}, 400
+            except Unhealthy as exc:
+                body, code = exc.body, 503
             except Unauthorized as exc:
                 body, code = {"error": str(exc)}, 401
                 extra["WWW-Authenticate"] = 'Bearer realm="c4"'

@@ -98,29 +98,35 @@ class Ingest:
         """Store and apply a frame `decode` returned (`data`: its bytes as received)."""
         h = self.registry.get(frame.host)
         seqs = self._seq_state(h, frame.boot)
-        if frame.floor is not None:
-            seqs.settle_below(frame.floor)
-        if seqs.seen(frame.seq):
+        before = (seqs.contiguous, seqs.lost)
+        settled = seqs.settle_below(frame.floor) if frame.floor is not None else []
+        if seqs.seen(frame.seq):  # settling needs no write: the floor comes with every frame
             self.duplicates += 1
             self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
             return Outcome(frame=frame, duplicate=True)
+        advanced: list[int] = []
         try:
             self.store.begin()
             self.store.insert_frame(h.name, frame.boot, frame.seq, frame.kind, frame.ts, now,
                                     data)
-            seqs.add(frame.seq)
+            advanced = seqs.add(frame.seq)
             self.store.save_seq(h.name, frame.boot, seqs.contiguous, seqs.lost)
             if frame.kind == "hello":
                 self.store.save_host(h.name, frame.boot, frame.body, h.first_seen or now, now)
             self.store.commit()
-        except sqlite3.Error as exc:
-            # Full disk, locked or corrupt database: do not ack, the agent keeps the frame
-            # and resends it; everyone else keeps being served.
+        except Exception as exc:
+            # Nothing changes unless the commit succeeded: an advanced counter would ack the
+            # agent's resend of this frame as a duplicate, and the frame would be lost.
             self.store.rollback()
-            seqs.above.discard(frame.seq)
-            self.store_errors += 1
-            self._log_limited("store", f"cannot store frame from {h.name}: {exc}", now)
+            seqs.restore(*before, settled + advanced, frame.seq)
+            if not isinstance(exc, sqlite3.Error):
+                self.internal_error("store", exc, now)
+                return self.reject(Rejected("internal", f"cannot store: {type(exc).__name__}",
+                                            frame.to_dict()), now)
+            self._store_failed(exc, now)
             return Outcome(frame=frame, reject="store_error")
+        if self.store.failing is not None:
+            self._store_recovered(now)
         self.accepted[frame.kind] += 1
         self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
         try:
@@ -177,6 +183,24 @@ class Ingest:
         if exc.code == "unsupported_version":
             body["supported"] = list(wire.SUPPORTED_MAJORS)
         return Outcome(reject=exc.code, replies=[self._frame("error", body, now)])
+
+    def _store_failed(self, exc: sqlite3.Error, now: float) -> None:
+        """Full disk, read-only or broken database: frames are not acked (the agents keep and
+        resend them), reads and everyone else go on, /healthz reports it until a commit works."""
+        self.store_errors += 1
+        if self.store.failing is None:
+            self.store.failing = (str(exc), now)
+            self.log.error("the database cannot be written (%s): frames are not acked until it "
+                           "can; the agents hold and resend them", exc)
+        else:
+            self._log_limited("store", f"the database still cannot be written: {exc} "
+                              f"({self.store_errors} frames refused so far)", now)
+
+    def _store_recovered(self, now: float) -> None:
+        error, since = self.store.failing or ("", now)
+        self.store.failing = None
+        self.log.warning("the database can be written again after %.0f s (%s): acking resumes",
+                         now - since, error)
 
     def internal_error(self, where: str, exc: BaseException, now: float) -> None:
         """Count and log a failure of our own code that was contained (`where`: decode,

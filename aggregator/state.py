@@ -25,25 +25,38 @@ class SeqState:
     def seen(self, seq: int) -> bool:
         return seq <= self.contiguous or seq in self.above
 
-    def add(self, seq: int) -> None:
+    def add(self, seq: int) -> list[int]:
+        """Mark `seq` stored; returns the seqs that moved from `above` into `contiguous`."""
         self.above.add(seq)
-        self._advance()
+        return self._advance()
 
-    def settle_below(self, floor: int) -> None:
-        """The sender no longer holds anything below `floor`: stop waiting for it."""
-        if floor - 1 > self.contiguous:
-            # Work in proportion to what is stored, never to the gap a peer claims (a floor of
-            # 2^62 must not mean 2^62 steps under the ingest lock).
-            settled = [s for s in self.above if s < floor]
-            self.lost += floor - 1 - self.contiguous - len(settled)
-            self.above.difference_update(settled)
-            self.contiguous = floor - 1
-            self._advance()
+    def settle_below(self, floor: int) -> list[int]:
+        """The sender no longer holds anything below `floor`: stop waiting for it. Returns the
+        stored seqs this took out of `above` (for `restore`)."""
+        if floor - 1 <= self.contiguous:
+            return []
+        # Work in proportion to what is stored, never to the gap a peer claims (a floor of
+        # 2^62 must not mean 2^62 steps under the ingest lock).
+        settled = [s for s in self.above if s < floor]
+        self.lost += floor - 1 - self.contiguous - len(settled)
+        self.above.difference_update(settled)
+        self.contiguous = floor - 1
+        return settled + self._advance()
 
-    def _advance(self) -> None:
+    def restore(self, contiguous: int, lost: int, taken: list[int], seq: int) -> None:
+        """Undo `settle_below` and `add(seq)` after their write failed: the state is as it
+        was before (`taken`: what they returned)."""
+        self.contiguous, self.lost = contiguous, lost
+        self.above.update(taken)
+        self.above.discard(seq)
+
+    def _advance(self) -> list[int]:
+        moved = []
         while self.contiguous + 1 in self.above:
             self.contiguous += 1
             self.above.discard(self.contiguous)
+            moved.append(self.contiguous)
+        return moved
 
 
 @dataclass

@@ -12,19 +12,35 @@ from typing import Any, Iterable
 
 from .schema import migrate
 
+class StoreError(OSError):
+    """The database cannot be opened for writing at start (read-only file or file system, no
+    space for a new one): the aggregator refuses to start with this message."""
+
+
 def connect(path: str | Path, check_same_thread: bool = True) -> sqlite3.Connection:
     if str(path) != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=check_same_thread)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA busy_timeout=5000")
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None,
+                               check_same_thread=check_same_thread)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        # A write lock taken and given back: a database we could only read would otherwise
+        # fail at the first frame, long after start.
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open the database {path} for writing: {exc}") from None
     return conn
 
 
 class Store:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        # Set while writes fail (full disk, read-only, I/O error): (error, since). Frames are
+        # not acked meanwhile; reads go on; /healthz says so. Cleared by the next commit.
+        self.failing: tuple[str, float] | None = None
         migrate(conn)
 
     def begin(self) -> None:
