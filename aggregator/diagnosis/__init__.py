@@ -20,6 +20,7 @@ from .findings import Finding
 from .hang import HangDetector
 from .hardware import Hardware
 from .incidents import Incidents
+from .loss import LossDetector
 from .model import Model
 from .slow import SlowDetector
 from .straggler import StragglerDetector
@@ -39,6 +40,7 @@ class Diagnosis:
         self.hang = HangDetector(cfg, self.model)
         self.slow = SlowDetector(cfg, self.model, self.counters)
         self.straggler = StragglerDetector(cfg)
+        self.loss = LossDetector(cfg, self.model)
         self.tcp = TcpDetector(cfg, self.model)
         self.hardware = Hardware(cfg, self.model)
         self.store = Incidents(db, cfg, actions, log)
@@ -83,6 +85,7 @@ class Diagnosis:
         rdma = body.get("rdma")
         if rdma:
             self.counters.on_rdma(host, rdma, interval)
+            self.loss.on_rdma(host, rdma, interval, now)
             self.hardware.on_rdma(host, rdma, now)
         flows = body.get("tcp_flows")
         if isinstance(flows, dict):
@@ -121,6 +124,7 @@ class Diagnosis:
                 findings += self.straggler.tick(comm, now)
                 for r in comm.ranks.values():
                     r.fresh = False
+            findings += self.loss.tick(now)
             findings += self.tcp.tick(now)
             findings += self.hardware.tick(now)
             # Hardware first: a symptom then joins the incident of its cause.

@@ -101,3 +101,17 @@ def test_a_link_one_connection_crosses_is_named_as_its_path(tmp_path):
     assert top["kind"] == "path" and top["confidence"] < 0.5 and inc["localised"] is None
     assert link in inc["evidence"]["candidate_links"]
     assert sc.false_isolations == 0
+
+
+def test_low_loss_one_way_is_found_from_the_nic_counters(tmp_path):
+    """0.1 % loss up one fabric link slows its connections by 6 %, far below any slow
+    threshold; the receivers' out-of-sequence counts name the link and its direction."""
+    n = crossings(9, **TREE)
+    link = max(sorted({lk for lk, _ in n}), key=lambda lk: n.get((lk, "up"), 0))
+    sim = Simulator(SimConfig(duration=45, seed=9, realism=False, **TREE,
+                              faults=[Fault.parse(f"lossy-link:{link}@10;loss=0.001;dir=up")]))
+    res, sc = replayed(tmp_path, sim)
+    assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+    ev = res.incidents[0]["evidence"]
+    assert ev["direction"] == f"towards {link.split('-')[1]}"
+    assert ev["loss_counters"] and sc.localise_s[0] <= 30.0

@@ -31,8 +31,11 @@ class PluginRing:
 
     def __init__(self, completed: int) -> None:
         self.db = sqlite3.connect(":memory:")
-        self.diag = Diagnosis.from_config(self.db, DiagnosisConfig(), None, None,
-                                          logging.getLogger("t"))
+        # naming, not waiting: no checkpoint allowance or start-up grace (see
+        # test_diag_adversarial.py for those)
+        self.diag = Diagnosis.from_config(
+            self.db, DiagnosisConfig(checkpoint_s=0.0, startup_grace_s=0.0), None, None,
+            logging.getLogger("t"))
         self.done = completed  # collectives every rank completed before the fault
         self.seq = {f"h{i}": 0 for i in range(HOSTS)}
         self.t = 100.0
