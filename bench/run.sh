@@ -35,7 +35,6 @@ BENCHES=(
     "diagnosis|bench/diagnosis|no|--quick|C4D precision, recall, time to localise (c4 sim)"
     "planner|bench/planner|no|--quick|C4P max link load vs LP bound / MILP optimum / ECMP, plan time"
     "load|bench/load|no|--quick|aggregator: N CURVE agents at 1 Hz, a 50x flood: ack latency, CPU, RSS"
-    "load|bench/load|no|--quick|aggregator: N CURVE agents at 1 Hz, a 50x flood: ack latency, CPU, RSS"
     "plugin_overhead|bench/plugin_overhead|no|--iters 200000|NCCL profiler plugin ns per call"
     "agent_cpu|bench/agent_cpu.py|yes|--connections 1000 --seconds 5|tcp_flows collector CPU, RSS"
     "tcp_flows_overhead|bench/tcp_flows_overhead.py|yes|--round-trips 5000 --runs 3|eBPF ns/event"
