@@ -147,7 +147,8 @@ class Planner:
                 fid = f"qp:{dev}:{q['lqpn']}"
                 flows.pop(fid, None)
                 dst = self.gids.get(q.get("dgid") or "")
-                if (q, dev) not in live or dst is None or dst.partition("/")[0] == host:
+                if dev is None or (q, dev) not in live or dst is None or \
+                        dst.partition("/")[0] == host:
                     continue
                 rate = tx.get((dev, q["port"]))
                 # the port's transmit rate split over its connected QPs; 1 when unmeasured

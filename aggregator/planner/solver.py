@@ -37,13 +37,13 @@ class Instance:
     cap: np.ndarray
     demand: np.ndarray
     cand: list[list[tuple[int, ...]]]
-    base: np.ndarray | None = None
+    base: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         self.cap = np.asarray(self.cap, dtype=np.float64)
         self.demand = np.asarray(self.demand, dtype=np.float64)
-        if self.base is None:
-            self.base = np.zeros(len(self.cap))
+        self.base = (np.zeros(len(self.cap)) if len(self.base) == 0
+                     else np.asarray(self.base, dtype=np.float64))
         if len(self.cand) != len(self.demand):
             raise ValueError("one candidate list per flow")
         if any(not c for c in self.cand):
@@ -158,12 +158,13 @@ class _State:
         for i, f in enumerate(todo):
             lens = {len(p) for p in self.var[f]}
             shapes.setdefault((len(self.var[f]), max(lens), len(lens) == 1), []).append(i)
-        for (k, width, even), idx in shapes.items():
-            rows = ([self.var[todo[i]] for i in idx] if even else
-                    [[p + (pad,) * (width - len(p)) for p in self.var[todo[i]]] for i in idx])
-            block = np.array(rows, dtype=np.intp).reshape(len(idx), k, width)
-            P[idx, :k, :width] = block
-            P[idx, k:, 0] = bad
+        for (ncand, width, even), members in shapes.items():
+            rows = ([self.var[todo[i]] for i in members] if even else
+                    [[p + (pad,) * (width - len(p)) for p in self.var[todo[i]]]
+                     for i in members])
+            block = np.array(rows, dtype=np.intp).reshape(len(members), ncand, width)
+            P[members, :ncand, :width] = block
+            P[members, ncand:, 0] = bad
         D = np.array([self.d[f] for f in todo])
         pref = np.array([prefer[f] if prefer is not None else -1 for f in todo], dtype=np.intp)
         # largest first; flows within 5% of each other form one bucket, shuffled by a fixed
@@ -205,7 +206,8 @@ class _State:
                 self.on[a].add(f)
 
     # -- local improvement ------------------------------------------------------------------
-    def _relieve(self, a: int, limit: float, free: set[int], journal: list, depth: int,
+    def _relieve(self, a: int, limit: float, free: set[int],
+                 journal: list[tuple[int, int]], depth: int,
                  busy: set[int]) -> bool:
         """Bring arc `a` below `limit` by moving flows off it, never leaving another arc at or
         above `limit`: a move that overloads up to two arcs recursively relieves them (an
@@ -256,7 +258,7 @@ class _State:
                 return False
         return True
 
-    def _undo(self, journal: list, mark: int) -> None:
+    def _undo(self, journal: list[tuple[int, int]], mark: int) -> None:
         while len(journal) > mark:
             f, k = journal.pop()
             self.lift(f)
@@ -357,7 +359,7 @@ def _classes(inst: Instance, by_demand: bool) -> tuple[list[list[tuple[int, ...]
                                                        list[int]]:
     """Flows with the same candidate paths (and, for the MILP, the same demand) are one class:
     exact for the LP, and for the MILP the flows of a class are interchangeable."""
-    idx: dict[tuple, int] = {}
+    idx: dict[tuple[tuple[tuple[int, ...], ...], float | None], int] = {}
     paths: list[list[tuple[int, ...]]] = []
     dem: list[float] = []
     count: list[int] = []
@@ -425,7 +427,7 @@ def _solve(inst: Instance, integral: bool, time_limit: float) -> tuple[float | N
     lp.a_matrix_.value_ = np.array(cols_value)
     if integral:
         lp.integrality_ = integ
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("threads", 1)
@@ -457,9 +459,10 @@ def min_moves(inst: Instance, prev: Sequence[int], level: float,
     import highspy
 
     scale = 1.0 / float(np.max(inst.cap))
-    cap, dem, base = inst.cap * scale, inst.demand * scale, inst.base * scale
+    cap, dem, base = (np.asarray(inst.cap * scale), np.asarray(inst.demand * scale),
+                      np.asarray(inst.base * scale))
     n_arcs = len(cap)
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("threads", 1)

@@ -10,7 +10,7 @@ _WS = " \t\n\r"
 _scalar = json.JSONDecoder().raw_decode
 
 
-class PosDict(dict):
+class PosDict(dict[str, Any]):
     line: int = 0
     key_lines: dict[str, int]
 
@@ -18,7 +18,7 @@ class PosDict(dict):
         return self.key_lines.get(key, self.line)
 
 
-class PosList(list):
+class PosList(list[Any]):
     line: int = 0
 
 
