@@ -59,3 +59,29 @@ def test_planning_off_without_a_topology_is_a_clear_404():
         assert "planning is off" in str(exc)
     else:
         raise AssertionError("expected NotFound")
+
+
+def test_plan_apply_needs_the_token_and_queues_plan_frames(capsys, monkeypatch):
+    core, api, t = aggregator()
+    same = colliding(core.planner, t)
+    for sp in list(range(41000, 41016)) + same:
+        core.planner.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+                                   t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+                                               29500), 1.0)
+    api.token = "s3cret"
+    httpd = serve(api, "127.0.0.1:0")
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        monkeypatch.setenv("C4_API_TOKEN", "wrong")
+        assert main(["plan", "apply", "--aggregator", url]) == 1
+        assert "401" in capsys.readouterr().err
+        assert core.planner.outbox == []
+        monkeypatch.setenv("C4_API_TOKEN", "s3cret")
+        assert main(["plan", "apply", "--json", "--aggregator", url]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["hosts"] == ["node000"] and out["assignments"] == 1
+        [(host, kind, body)] = core.planner.take_outbox()
+        assert (host, kind, body["plan_id"]) == ("node000", "plan", out["plan_id"])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
