@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import zmq
 from zmq.utils import z85
@@ -30,7 +31,7 @@ DENY_REASONS = ("unenrolled", "mechanism", "bad_request")
 class ZapHandler:
     """A thread answering ZAP requests for the sockets of one ZeroMQ context."""
 
-    def __init__(self, ctx: zmq.Context, keys: EnrolledKeys,
+    def __init__(self, ctx: zmq.Context[Any], keys: EnrolledKeys,
                  log: logging.Logger | None = None) -> None:
         self.keys = keys
         self.log = log or logging.getLogger("c4.aggregator.auth")
@@ -102,7 +103,7 @@ class ZapHandler:
         self._sock.close(0)
 
 
-def curve_server(sock: zmq.Socket, public: bytes, secret: bytes) -> None:
+def curve_server(sock: zmq.Socket[Any], public: bytes, secret: bytes) -> None:
     """Make `sock` a CURVE server whose clients must pass the ZAP handler."""
     sock.curve_secretkey = secret
     sock.curve_publickey = public

@@ -19,7 +19,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import zmq
 from zmq.utils import z85
@@ -153,7 +153,7 @@ class ClientKeys:
     def load(cls, server_public: str | Path, secret: str | Path) -> "ClientKeys":
         return cls(load_public(server_public), *load_secret(secret))
 
-    def apply(self, sock: zmq.Socket) -> None:
+    def apply(self, sock: zmq.Socket[Any]) -> None:
         """Make `sock` a CURVE client of the server; call before connect()."""
         sock.curve_serverkey = self.server_public
         sock.curve_publickey = self.public

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from c4.core import keys
 
@@ -14,7 +14,7 @@ DEFAULT_DIR = "/etc/c4/keys"
 DEFAULT_STORE = f"{DEFAULT_DIR}/enrolled"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("keys", help="create, enroll, list and revoke CURVE keys",
                        description="Agent identity (docs/security.md): each agent has a CURVE "
                        "key pair; the aggregator admits only keys enrolled in its store, each "
