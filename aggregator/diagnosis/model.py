@@ -24,6 +24,7 @@ class HostInfo:
 
 
 PACE_REPORTS = 9
+MARGINAL_REPORTS = 20
 
 
 class Rank:
@@ -57,7 +58,7 @@ class Cell:
     """One rank -> peer send connection of a communicator (all channels together)."""
 
     __slots__ = ("src", "dst", "value", "slow_value", "seen", "hist", "streak", "since",
-                 "last_slow", "path", "comps", "tag")
+                 "last_slow", "path", "comps", "tag", "devs")
 
     def __init__(self, src: int, dst: int) -> None:
         self.src = src
@@ -72,6 +73,8 @@ class Cell:
         self.path: list[str] | None = None
         self.comps: list[Component] = []
         self.tag: tuple | None = None  # the endpoints `comps` was computed for
+        # log(value / the communicator's baseline) of its recent reports (marginal slowness)
+        self.devs: deque[float] = deque(maxlen=MARGINAL_REPORTS)
 
 
 class Comm:

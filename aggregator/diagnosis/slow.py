@@ -14,10 +14,15 @@ from . import localise
 from .config import DiagnosisConfig
 from .counters import Counters
 from .findings import Finding, Suspect
-from .model import Cell, Comm, Model, Rank
+from .model import MARGINAL_REPORTS, Cell, Comm, Model, Rank
 from .stats import lower_baseline, median
 
 FRESH_INTERVALS = 2.5  # a cell's sample counts in the baseline for this many intervals
+# marginal slowness: judged over a cell's last MARGINAL_REPORTS (model.py), from this many on
+MARGINAL_MIN_REPORTS = 10
+MARGINAL_Z = 4.0  # standard errors of the median above the baseline
+MARGINAL_MIN_RATIO = 1.05  # and at least this slow: path-length differences are not faults
+MARGINAL_ABOVE = 0.8  # share of its reports above the job's median cell
 MATRIX_LABELS = 16
 
 
@@ -42,8 +47,9 @@ class SlowDetector:
                 continue  # no data this interval: neither slow nor healthy
             cell.value = max(net, 1e-12) / nbytes
             cell.seen = now
-            if thr is None:
+            if thr is None or base is None:
                 continue
+            cell.devs.append(math.log(cell.value) - base[0])
             slow = math.log(cell.value) >= thr
             if slow:
                 cell.slow_value = cell.value
@@ -64,7 +70,7 @@ class SlowDetector:
         bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist
                and c.last_slow - c.since >= self.cfg.slow_hold_s}
         if not bad:
-            return []
+            return self._marginal(comm, fresh, now)
         # Cells slow now but not persistently, or elevated below the threshold, are neither
         # evidence of health nor of a fault: a marginal fault flags only some of its cells.
         doubt = comm.baseline[0] + 0.5 * math.log(self.cfg.slow_ratio)
@@ -87,12 +93,52 @@ class SlowDetector:
             out.append(self._finding(comm, rest, now))
         return out
 
-    def _finding(self, comm: Comm, ranked: list[localise.Hypothesis], now: float) -> Finding:
+    def _marginal(self, comm: Comm, fresh: list[Cell], now: float) -> list[Finding]:
+        """Slowness below the per-report threshold (a NIC at 80-90 % of its rate), judged over
+        each cell's last MARGINAL_REPORTS reports against the job's other cells: the median
+        deviation is MARGINAL_Z standard errors above the job's median cell (its own spread,
+        or the job's, whichever is larger), and most of its reports are above it (a burst of
+        congestion lifts a few reports a lot; a slow NIC lifts all of them a little). Spoken
+        only when the vote names a component: an elevated lone connection is not a fault."""
+        sigma = comm.baseline[1] if comm.baseline else 0.0
+        meds = {(c.src, c.dst): (median(list(c.devs)), c) for c in fresh
+                if len(c.devs) >= MARGINAL_MIN_REPORTS}
+        if len(meds) < self.cfg.min_cells:
+            return []
+        center = median([m for m, _ in meds.values()])
+        bad: set[Hashable] = set()
+        cells: dict[Hashable, list[localise.Component]] = {}
+        for key, (med, c) in meds.items():
+            devs = list(c.devs)
+            spread = max(sigma, 1.4826 * median([abs(d - med) for d in devs]))
+            thr = max(math.log(MARGINAL_MIN_RATIO),
+                      MARGINAL_Z * 1.2533 * spread / math.sqrt(len(devs)))
+            above = sum(d > center for d in devs) / len(devs)
+            if med - center >= thr and above >= MARGINAL_ABOVE:
+                bad.add(key)
+            elif med - center >= thr / 2:
+                continue  # evidence of neither
+            comps = self.model.components(comm, c)
+            if comps is not None:
+                cells[key] = comps
+        bad &= set(cells)
+        if not bad:
+            return []
+        found, _ = localise.peel(bad, cells, self.cfg.localise_confidence)
+        return [self._finding(comm, ranked, now, center) for ranked in found]
+
+    def _finding(self, comm: Comm, ranked: list[localise.Hypothesis], now: float,
+                 marginal: float | None = None) -> Finding:
+        """marginal: the job's median cell deviation, when judged over recent reports."""
         top = ranked[0]
         base_gb = math.exp(comm.baseline[0]) * 1e9 if comm.baseline else 0.0
-        vals = [comm.cells[k].slow_value * 1e9 for k in top.bad]
-        slow_gb = median(vals)
-        ratio = slow_gb / base_gb if base_gb else 0.0
+        if marginal is not None:
+            ratio = math.exp(median([median(list(comm.cells[k].devs)) for k in top.bad]) -
+                             marginal)
+            slow_gb = base_gb * ratio
+        else:
+            slow_gb = median([comm.cells[k].slow_value * 1e9 for k in top.bad])
+            ratio = slow_gb / base_gb if base_gb else 0.0
         suspects, named, aliases = localise.name(top, nic_path(comm, top.bad))
         conns = [f"{k[0]}->{k[1]}" for k in top.bad[:8]]
         paths = {k: comm.cells[k].path for k in top.bad}
@@ -108,11 +154,17 @@ class SlowDetector:
             "counters": self.counters.corroborate(comm, [comm.cells[k] for k in top.bad]),
         }
         what = describe(suspects[0], self.cfg.localise_confidence)
-        summary = (f"{top.n_bad} connection(s) move data at {ratio:.1f}x the job's network time "
+        span = f"{ratio:.1f}x"
+        if marginal is not None:
+            reports = min(len(comm.cells[k].devs) for k in top.bad)
+            evidence["marginal_reports"] = reports
+            span = f"{ratio:.2f}x (median of their last {reports} reports)"
+        summary = (f"{top.n_bad} connection(s) move data at {span} the job's network time "
                    f"per byte ({slow_gb:.3f} vs {base_gb:.3f} s/GB); suspect: {what}")
         if evidence["counters"]:
             summary += "; NIC counters corroborate"
-        first = min(comm.cells[k].since for k in top.bad)
+        first = now - MARGINAL_REPORTS * comm.interval if marginal is not None else \
+            min(comm.cells[k].since for k in top.bad)
         return Finding("comm_slow", comm.job, comm.comm, suspects, summary, evidence, first,
                        matrix=matrix(comm, top.bad), aliases=aliases)
 

@@ -115,3 +115,19 @@ def test_low_loss_one_way_is_found_from_the_nic_counters(tmp_path):
     ev = res.incidents[0]["evidence"]
     assert ev["direction"] == f"towards {link.split('-')[1]}"
     assert ev["loss_counters"] and sc.localise_s[0] <= 30.0
+
+
+def test_a_nic_at_85_percent_of_its_rate_is_named(tmp_path):
+    """x1.18: every report of its connections is within the per-report noise threshold; the
+    median of their last reports is not."""
+    sim = Simulator(SimConfig(duration=60, seed=10, noise=0.05, realism=False, **SMALL,
+                              faults=[Fault.parse("slow-node:node002/mlx5_1@10;x=1.18")]))
+    res, sc = replayed(tmp_path, sim)
+    assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+    assert res.incidents[0]["evidence"]["marginal_reports"] >= 10
+
+
+def test_marginal_slowness_stays_quiet_on_a_noisy_clean_run(tmp_path):
+    sim = Simulator(SimConfig(duration=900, seed=11, noise=0.1, interval=2.0, **SMALL))
+    res, _ = replayed(tmp_path, sim)
+    assert res.incidents == [], [i["summary"] for i in res.incidents]
