@@ -25,6 +25,7 @@ class Score:
     correct_incidents: int = 0
     false_isolations: int = 0  # localised incidents naming a healthy host/NIC/GPU/rank
     false_incidents: int = 0  # incidents (any state) explaining no injected fault
+    on_path: int = 0  # faults not named, whose incident names a path through the component
     detect_s: list[float] = field(default_factory=list)
     localise_s: list[float] = field(default_factory=list)
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [faults, named]
@@ -33,7 +34,7 @@ class Score:
 
     def add(self, other: "Score") -> None:
         for name in ("faults", "named", "detected", "localised_incidents", "correct_incidents",
-                     "false_isolations", "false_incidents"):
+                     "false_isolations", "false_incidents", "on_path"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.detect_s += other.detect_s
         self.localise_s += other.localise_s
@@ -78,13 +79,18 @@ def score(truth: dict[str, Any], incidents: list[dict[str, Any]], origin: float)
             sc.localise_s.append(first["localised"] - origin - f["start"])
             used.update(i["id"] for i in hits)
         else:
+            paths = [i for i in during if i["suspects"] and i["suspects"][0]["kind"] == "path"
+                     and want[1] in (i["evidence"].get("candidate_links") or ())]
+            if paths:  # the right path, honestly not localised to the link
+                sc.on_path += 1
+                used.update(i["id"] for i in paths)
             sc.misses.append(f"{f['kind']}:{f['target']} -> " + (
                 "; ".join(_brief(i) for i in during) or "nothing"))
     for i in incidents:
         if i["localised"] is not None and i["suspects"]:
             sc.localised_incidents += 1
         if i["id"] in used:
-            sc.correct_incidents += 1
+            sc.correct_incidents += i["localised"] is not None
             continue
         sc.false_incidents += 1
         sc.wrong.append(_brief(i))

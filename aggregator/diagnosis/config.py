@@ -54,7 +54,7 @@ class DiagnosisConfig:
         1 << 20, "a host -> host TCP connection's interval counts only if the peer acknowledged "
         "at least this many bytes")
     tcp_retrans_per_mb: float = field(
-        1.0, "a TCP connection is lossy only at or above this many retransmitted segments per "
+        0.2, "a TCP connection is lossy only at or above this many retransmitted segments per "
         "MB acknowledged (and `slow_ratio` times the job's baseline)")
     localise_confidence: float = field(
         0.8, "top-suspect confidence (0..1) needed to declare an incident localised and call "

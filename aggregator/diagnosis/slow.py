@@ -177,12 +177,16 @@ def describe(top: Suspect, confidence: float) -> str:
 
 
 def nic_path(comm: Comm, keys: list[Hashable]) -> str | None:
-    """The NIC -> NIC path of connections that all join the same two NICs."""
-    ends = set()
+    """The path of connections that all join the same two NICs (NIC -> NIC), or the same two
+    hosts (host -> host)."""
+    nics, hosts = set(), set()
     for src, dst in keys:  # type: ignore[misc]
         s, d = comm.ranks.get(src), comm.ranks.get(dst)
-        ends.add(f"{(s.nic or s.host) if s else src}->{(d.nic or d.host) if d else dst}")
-    return ends.pop() if len(ends) == 1 else None
+        if s is None or d is None:
+            return None
+        nics.add(f"{s.nic or s.host}->{d.nic or d.host}")
+        hosts.add(f"{s.host}->{d.host}")
+    return nics.pop() if len(nics) == 1 else hosts.pop() if len(hosts) == 1 else None
 
 
 def matrix(comm: Comm, focus_cells: list[Hashable]) -> dict[str, Any] | None:
