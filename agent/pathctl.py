@@ -205,6 +205,7 @@ class PathControl:
         if epoch is not None and not stale:
             self.epoch = epoch
         tcp_rules = {}
+        moved_off: list[tuple[str, int, int]] = []
         for a in body["assignments"]:
             w = _Wait(a["id"], a["proto"], a["sport"])
             job.waits[a["id"]] = w
@@ -214,6 +215,8 @@ class PathControl:
                 try:
                     w.tcp = (norm_addr(a["dst"]), a["dport"])
                     tcp_rules[a["id"]] = (a["dst"], a["dport"], a["sport"])
+                    if a.get("old_sport") is not None:
+                        moved_off.append((a["dst"], a["dport"], a["old_sport"]))
                 except (KeyError, ValueError):
                     w.failed = "a tcp assignment needs dst (an IP address) and dport"
             elif a.get("lqpn") is None:
@@ -222,7 +225,7 @@ class PathControl:
                 self._send_roce(job, w, a)
         if tcp_rules:
             try:
-                self.ports.update(tcp_rules)
+                self.ports.update(tcp_rules, moved_off)
             except OSError as exc:
                 for w in job.waits.values():
                     if w.tcp is not None:

@@ -13,6 +13,7 @@ import ipaddress
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 Rule = tuple[str, int, int]  # (dst, dport, sport)
 
@@ -31,9 +32,12 @@ class PortsFile:
         self.path = path
         self.rules: dict[str, Rule] = {}
 
-    def update(self, rules: dict[str, Rule]) -> None:
-        """Add or replace rules (an assignment id keeps one port) and rewrite the file."""
-        merged = dict(self.rules)
+    def update(self, rules: dict[str, Rule], moved_off: Iterable[Rule] = ()) -> None:
+        """Add or replace rules (an assignment id keeps one port) and rewrite the file.
+        `moved_off`: (dst, dport, old port) of the connections these rules move; the rules
+        that put them there go, or the next connect() would take the old port first."""
+        gone = {(norm_addr(d), dp, sp) for d, dp, sp in moved_off}
+        merged = {aid: r for aid, r in self.rules.items() if r not in gone}
         for aid, (dst, dport, sport) in rules.items():
             merged[aid] = (norm_addr(dst), dport, sport)
         self._write(merged)

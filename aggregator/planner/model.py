@@ -13,6 +13,9 @@ from .pathmap import PathMap
 from .solver import Instance
 
 
+MICE = 1e-3  # flows below this fraction of the largest flow's demand are not planned
+
+
 @dataclass
 class Flow:
     """One planned unit: a QP (`roce`) or a TCP connection, owned by a process on `host`."""
@@ -27,6 +30,16 @@ class Flow:
     dport: int = 4791
     job: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # what the agent needs to find it
+
+    @property
+    def pclass(self) -> str:
+        return path_class(self.proto, self.dport)
+
+
+def path_class(proto: str, dport: int) -> str:
+    """The path map's protocol key. ECMP hashes the destination port too, so a TCP port's
+    path is learned per destination port (`tcp:29500`); RoCE's is always 4791."""
+    return f"tcp:{dport}" if proto == "tcp" else proto
 
 
 @dataclass
@@ -101,11 +114,20 @@ def build(topo: Topology, flows: list[Flow], pathmap: PathMap, health: Health, n
     demand: list[float] = []
     memo: dict[tuple[str, str, str], tuple[dict[int, tuple[str, ...]], list[tuple[str, ...]],
                                             list[list[int]], list[tuple[int, ...]]]] = {}
+    top = max((fl.demand for fl in flows), default=0.0)
     for fl in flows:
-        key = (fl.src, fl.dst, fl.proto)
+        if fl.demand < MICE * top:
+            # the acks of a one-way stream (the accepting end of a lab or NCCL socket
+            # connection, whose port is the listener's): moving it cannot lower the maximum
+            unplanned.append((fl, "too small to move"))
+            _base_load(topo, arcs, base, fl, pathmap.lookup(fl.src, fl.dst, fl.pclass,
+                                                            fl.sport, now)
+                       if fl.sport is not None else None)
+            continue
+        key = (fl.src, fl.dst, fl.pclass)
         got = memo.get(key)
         if got is None:  # flows between the same endpoints (channels, QPs) share candidates
-            known = pathmap.ports(fl.src, fl.dst, fl.proto, now)
+            known = pathmap.ports(fl.src, fl.dst, fl.pclass, now)
             by_path: dict[tuple[str, ...], list[int]] = {}
             for port, path in known.items():
                 if not health.down.intersection(path):
@@ -118,16 +140,7 @@ def build(topo: Topology, flows: list[Flow], pathmap: PathMap, health: Health, n
         if not paths:
             why = "no known port avoids the down links" if known else "no path known yet"
             unplanned.append((fl, why))
-            if cur_path is not None:
-                for a in arcs.of_path(cur_path):
-                    base[a] += fl.demand
-            else:  # the links every possible path shares (its access links) still carry it
-                options = topo.candidate_paths(fl.src, fl.dst)
-                if options:
-                    common = set(options[0]).intersection(*options[1:])
-                    for a in arcs.of_path(options[0]):
-                        if arcs.ids[a // 2] in common:
-                            base[a] += fl.demand
+            _base_load(topo, arcs, base, fl, cur_path)
             continue
         planned.append(fl)
         cand_paths.append(paths)
@@ -141,6 +154,22 @@ def build(topo: Topology, flows: list[Flow], pathmap: PathMap, health: Health, n
         inst = Instance(arcs.caps(health.suspect, suspect_factor), np.array(demand), cand_arcs,
                         base)
     return Built(inst, planned, cand_paths, cand_ports, current, unplanned, arcs.names())
+
+
+def _base_load(topo: Topology, arcs: Arcs, base: np.ndarray, fl: Flow,
+               cur_path: tuple[str, ...] | None) -> None:
+    """An unplanned flow's load: on its path when known, else on the links every possible
+    path of it shares (its access links)."""
+    if cur_path is not None:
+        for a in arcs.of_path(cur_path):
+            base[a] += fl.demand
+        return
+    options = topo.candidate_paths(fl.src, fl.dst)
+    if options:
+        common = set(options[0]).intersection(*options[1:])
+        for a in arcs.of_path(options[0]):
+            if arcs.ids[a // 2] in common:
+                base[a] += fl.demand
 
 
 def choose_ports(b: Built, assign: list[int]) -> list[int]:

@@ -1,4 +1,6 @@
-"""The learned path map (src, dst, proto, sport) -> links, fed by probe results.
+"""The learned path map (src, dst, proto, sport) -> links, fed by probe results. `proto` is
+the flow's path class (model.path_class): `roce`, or `tcp:<dport>` since ECMP hashes the
+destination port too.
 
 Keys use topology endpoints (`host/dev`); a path is the tuple of link ids from src to dst.
 An entry is trusted until it is older than `ttl_s`, until a link on it has an incident (the

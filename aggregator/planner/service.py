@@ -185,13 +185,13 @@ class Planner:
             key = asked.get(r["id"])
             if key is None or r.get("error"):
                 continue
-            src, dst, proto = key
+            src, dst, pclass = key
             hops = list(r["hops"])
             links = self.topo.links_from_hops(src, dst, hops) if r["reached"] else None
             if links is None:
                 self.stats["paths_unresolved"] += 1
                 continue
-            self.pathmap.learn(src, dst, proto, r["sport"], links, now)
+            self.pathmap.learn(src, dst, pclass, r["sport"], links, now)
             self.stats["paths_learned"] += 1
 
     def _plan_result(self, host: str, body: dict[str, Any], now: float) -> None:
@@ -284,10 +284,10 @@ class Planner:
             ids: dict[str, tuple[str, str, str]] = {}
             sports_total = 0
             for fl in flows.values():
-                key = (fl.src, fl.dst, fl.proto)
+                key = (fl.src, fl.dst, fl.pclass)
                 if key in ids.values() or now - self.asked.get(key, -1e18) < self.cfg.probe_retry_s:
                     continue
-                known = self.pathmap.ports(fl.src, fl.dst, fl.proto, now)
+                known = self.pathmap.ports(fl.src, fl.dst, fl.pclass, now)
                 if len(known) >= self.cfg.probe_ports:
                     continue
                 dst_ip, src_ip = self.ep_addr.get(fl.dst), self.ep_addr.get(fl.src)

@@ -162,7 +162,7 @@ def test_two_channels_of_one_nic_take_both_planes_and_tcp_ports_never_repeat():
         flows.append(Flow(f"q{c}", "node000", "node000/mlx5_0", "node002/mlx5_0", "tcp",
                           None, 25e9, dport=5000))
     for port in range(40000, 40006):
-        pm.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", port,
+        pm.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:5000", port,
                  hashed(topo, "node000/mlx5_0", "node002/mlx5_0", port), 0.0)
     b = build(topo, flows, pm, Health(), 0.0)
     r = solver.plan(b.inst, b.current)

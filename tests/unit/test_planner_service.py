@@ -103,7 +103,7 @@ def test_probe_learn_plan_apply_and_results():
     # the current ports' paths are not known (a live connection owns them): learn them as
     # the agent would from a later probe of a fresh port that happened to reuse them
     for sp in same:
-        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
                         t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 2.0)
     v = p.view(3.0)["proposal"]
     assert v["current_max_util"] > v["proposed_max_util"]
@@ -147,7 +147,7 @@ def test_a_link_incident_replans_off_the_link_and_auto_applies():
     p, t = planner(lambda: incidents, auto_apply=True)
     same = colliding(p, t)
     for sp in list(range(41000, 41016)) + same:
-        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
                         t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 1.0)
     p.tick(1.0)
     p.take_outbox()
@@ -162,7 +162,7 @@ def test_a_link_incident_replans_off_the_link_and_auto_applies():
                for sent in p.applied.assignments.values())
     # no entry through the down link survives in the path map
     assert all("leaf000-spine00" not in path for path in
-               p.pathmap.ports("node000/mlx5_0", "node002/mlx5_0", "tcp", 2.0).values())
+               p.pathmap.ports("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", 2.0).values())
 
 
 def test_verbs_qps_become_roce_flows_keyed_by_qp():
