@@ -69,8 +69,9 @@ class SlowDetector:
         # slow in most recent reports, and over a span of slow_hold_s (a burst is shorter)
         bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist
                and c.last_slow - c.since >= self.cfg.slow_hold_s}
+        out = self._marginal(comm, fresh, now)
         if not bad:
-            return self._marginal(comm, fresh, now)
+            return out
         # Cells slow now but not persistently, or elevated below the threshold, are neither
         # evidence of health nor of a fault: a marginal fault flags only some of its cells.
         doubt = comm.baseline[0] + 0.5 * math.log(self.cfg.slow_ratio)
@@ -84,11 +85,11 @@ class SlowDetector:
                 cells[key] = comps
         bad &= set(cells)
         if not bad:
-            return []
+            return out
         values = {k: comm.cells[k].slow_value for k in bad}  # type: ignore[index]
         found, rest = localise.peel(bad, cells, self.cfg.localise_confidence, values,
                                     self.cfg.slow_ratio)
-        out = [self._finding(comm, ranked, now) for ranked in found]
+        out += [self._finding(comm, ranked, now) for ranked in found]
         if rest:
             out.append(self._finding(comm, rest, now))
         return out
@@ -109,6 +110,8 @@ class SlowDetector:
         bad: set[Hashable] = set()
         cells: dict[Hashable, list[localise.Component]] = {}
         for key, (med, c) in meds.items():
+            if c.streak:
+                continue  # slow now: the per-report detector's, evidence of neither here
             devs = list(c.devs)
             spread = max(sigma, 1.4826 * median([abs(d - med) for d in devs]))
             thr = max(math.log(MARGINAL_MIN_RATIO),

@@ -144,3 +144,11 @@ def test_low_loss_on_a_tcp_job_is_found_from_its_retransmits(tmp_path):
     res, sc = replayed(tmp_path, sim)
     assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
     assert res.incidents[0]["evidence"]["metrics"]["retrans_per_mb"]["slow"] < 1.0
+
+
+def test_a_marginal_nic_is_named_beside_a_slow_link(tmp_path):
+    sim = Simulator(SimConfig(duration=60, seed=13, noise=0.05, realism=False, **SMALL,
+                              faults=[Fault.parse("slow-node:node003/mlx5_2@10;x=1.2"),
+                                      Fault.parse("slow-link:node001,node002@10;x=3")]))
+    _, sc = replayed(tmp_path, sim)
+    assert sc.named == 2 and sc.false_incidents == 0, (sc.misses, sc.wrong)
