@@ -7,6 +7,8 @@ from typing import Any
 
 from c4.core.catalog import INCIDENT_CLASSES as CLASS_RANK
 
+__all__ = ["CLASS_RANK", "Finding", "Suspect"]  # CLASS_RANK: the catalog's, for the aggregator
+
 
 @dataclass
 class Suspect:
