@@ -21,6 +21,9 @@ class AggregatorConfig:
     silent_after: float = field(0.0, "seconds without a frame before a host is marked silent; "
                                 "0: five report intervals, at least 5 s")
     frames_retention_s: float = field(3600.0, "how long stored frames are kept (seconds)")
+    frames_retention_bytes: int = field(1 << 30, "raw frame bytes kept at most (oldest "
+                                        "pruned first; the replay window is this divided by "
+                                        "the ingest rate, docs/scaling.md)")
     topology: str = field("", "topology JSON file (c4/core/topology.py); empty: none")
     server_secret_key: str = field("/etc/c4/keys/server.key_secret",
                                    "the aggregator's CURVE secret key file, mode 0600 "
@@ -51,6 +54,8 @@ class AggregatorConfig:
             raise ConfigError(f"{where}api: expected host:port, got {self.api!r}")
         if not 1024 <= self.max_frame <= 64 << 20:
             raise ConfigError(f"{where}max_frame: must be between 1 KiB and 64 MiB")
+        if self.frames_retention_bytes < 1 << 20:
+            raise ConfigError(f"{where}frames_retention_bytes: must be at least 1 MiB")
         if self.silent_after < 0 or self.frames_retention_s <= 0:
             raise ConfigError(f"{where}silent_after/frames_retention_s: must not be negative")
 

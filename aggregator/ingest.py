@@ -9,8 +9,9 @@ import sqlite3
 import time
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from c4.core import wire
 from c4.core.wire import Frame, Rejected, fast, kinds
@@ -19,6 +20,9 @@ from .state import HostRegistry, HostState, SeqState
 from .store import Store
 
 BOOTS_KEPT = 4  # sequence states kept per host (agent restarts)
+# Frame bytes pruned past retention_bytes in steps of this fraction (a delete per step, not
+# per batch).
+PRUNE_SLACK = 0.01
 
 
 class DiagnosisSink(Protocol):
@@ -40,6 +44,7 @@ class Ingest:
     def __init__(self, store: Store, registry: HostRegistry, diagnosis: DiagnosisSink | None,
                  *, name: str = "aggregator", max_frame: int = wire.DEFAULT_MAX_FRAME,
                  silent_after: float = 0.0, retention_s: float = 3600.0,
+                 retention_bytes: int = 1 << 30,
                  log: logging.Logger | None = None) -> None:
         self.store = store
         self.registry = registry
@@ -48,6 +53,7 @@ class Ingest:
         self.max_frame = max_frame
         self.silent_after = silent_after
         self.retention_s = retention_s
+        self.retention_bytes = retention_bytes
         self.log = log or logging.getLogger("c4.aggregator.ingest")
         self.boot = uuid.uuid4().hex[:16]
         self._seq = 0
@@ -59,6 +65,11 @@ class Ingest:
         # never the process (logged with a traceback the first time, then rate-limited).
         self.errors: Counter[str] = Counter()
         self.pending_acks: dict[str, tuple[str, int]] = {}  # host -> (boot, contiguous)
+        # Frames accepted but not yet committed (see batch/flush), and the state of each
+        # (host, boot) they touched as it was before them.
+        self._staged: list[tuple[HostState, SeqState, Frame, bytes, float, Outcome]] = []
+        self._before: dict[tuple[str, str], tuple[SeqState, int, int, set[int]]] = {}
+        self._batching = False
         self._last_log: dict[str, float] = {}
         self._load_hosts()
 
@@ -98,44 +109,84 @@ class Ingest:
         """Store and apply a frame `decode` returned (`data`: its bytes as received)."""
         h = self.registry.get(frame.host)
         seqs = self._seq_state(h, frame.boot)
-        before = (seqs.contiguous, seqs.lost)
-        settled = seqs.settle_below(frame.floor) if frame.floor is not None else []
+        key = (h.name, frame.boot)
+        if key not in self._before:  # what a failed commit of this batch returns to
+            self._before[key] = (seqs, seqs.contiguous, seqs.lost, set(seqs.above))
+        if frame.floor is not None:
+            seqs.settle_below(frame.floor)
         if seqs.seen(frame.seq):  # settling needs no write: the floor comes with every frame
             self.duplicates += 1
             self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
-            return Outcome(frame=frame, duplicate=True)
-        advanced: list[int] = []
+            out = Outcome(frame=frame, duplicate=True)
+        else:
+            seqs.add(frame.seq)  # in memory only: undone unless the batch commits (flush)
+            out = Outcome(frame=frame)
+            self._staged.append((h, seqs, frame, data, now, out))
+        if not self._batching:
+            self.flush()
+        return out
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Frames handled inside are stored in one transaction, at `take_acks` or at the end,
+        instead of one transaction each; applied and observed only once committed."""
+        self._batching = True
+        try:
+            yield
+        finally:
+            self._batching = False
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit the staged frames and their sequence state in one transaction; then, and only
+        then, they count for acks, host state and diagnosis, in arrival order. A failed commit
+        restores every sequence state the batch touched: an advanced counter would ack the
+        agent's resend as a duplicate and the frame would be lost; unacked, it is resent."""
+        staged, before = self._staged, self._before
+        self._staged, self._before = [], {}
+        if not staged:
+            return
+        now = staged[-1][4]
         try:
             self.store.begin()
-            self.store.insert_frame(h.name, frame.boot, frame.seq, frame.kind, frame.ts, now,
-                                    data)
-            advanced = seqs.add(frame.seq)
-            self.store.save_seq(h.name, frame.boot, seqs.contiguous, seqs.lost)
-            if frame.kind == "hello":
-                self.store.save_host(h.name, frame.boot, frame.body, h.first_seen or now, now)
+            self.store.insert_frames([(h.name, f.boot, f.seq, f.kind, f.ts, t, data)
+                                      for h, _, f, data, t, _ in staged])
+            self.store.save_seqs([(host, boot, s.contiguous, s.lost)
+                                  for (host, boot), (s, *_) in before.items()])
+            for h, _, f, _, t, _ in staged:
+                if f.kind == "hello":
+                    self.store.save_host(h.name, f.boot, f.body, h.first_seen or t, t)
             self.store.commit()
         except Exception as exc:
-            # Nothing changes unless the commit succeeded: an advanced counter would ack the
-            # agent's resend of this frame as a duplicate, and the frame would be lost.
             self.store.rollback()
-            seqs.restore(*before, settled + advanced, frame.seq)
-            if not isinstance(exc, sqlite3.Error):
+            for (host, boot), (s, contiguous, lost, above) in before.items():
+                s.contiguous, s.lost, s.above = contiguous, lost, above
+                if self.pending_acks.get(host, ("",))[0] == boot:
+                    self.pending_acks[host] = (boot, contiguous)
+            if isinstance(exc, sqlite3.Error):
+                self._store_failed(exc, now, len(staged))
+                for *_, out in staged:
+                    out.reject = "store_error"
+            else:
                 self.internal_error("store", exc, now)
-                return self.reject(Rejected("internal", f"cannot store: {type(exc).__name__}",
-                                            frame.to_dict()), now)
-            self._store_failed(exc, now)
-            return Outcome(frame=frame, reject="store_error")
+                for _, _, f, _, t, out in staged:  # a reply reaches the agent outside a batch
+                    r = self.reject(Rejected("internal", f"cannot store: {type(exc).__name__}",
+                                             f.to_dict()), t)
+                    out.reject, out.replies = r.reject, r.replies
+            return
         if self.store.failing is not None:
             self._store_recovered(now)
-        self.accepted[frame.kind] += 1
-        self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
-        try:
-            self._apply(h, frame, now)
-            if self.diagnosis is not None:
-                self.diagnosis.observe(frame, now)
-        except Exception as exc:  # stored, so acked: only what it would have changed is lost
-            self.internal_error("apply", exc, now)
-        return Outcome(frame=frame)
+        for h, seqs, frame, _, t, _ in staged:
+            self.accepted[frame.kind] += 1
+            self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
+            try:
+                self._apply(h, frame, t)
+                if self.diagnosis is not None:
+                    self.diagnosis.observe(frame, t)
+            except Exception as exc:  # stored, so acked: only what it would have changed is lost
+                self.internal_error("apply", exc, t)
+        if self.store.frame_bytes > self.retention_bytes * (1 + PRUNE_SLACK):
+            self._prune_bytes(now)
 
     def _seq_state(self, h: HostState, boot: str) -> SeqState:
         s = h.seqs.get(boot)
@@ -184,10 +235,10 @@ class Ingest:
             body["supported"] = list(wire.SUPPORTED_MAJORS)
         return Outcome(reject=exc.code, replies=[self._frame("error", body, now)])
 
-    def _store_failed(self, exc: sqlite3.Error, now: float) -> None:
+    def _store_failed(self, exc: sqlite3.Error, now: float, frames: int = 1) -> None:
         """Full disk, read-only or broken database: frames are not acked (the agents keep and
         resend them), reads and everyone else go on, /healthz reports it until a commit works."""
-        self.store_errors += 1
+        self.store_errors += frames
         if self.store.failing is None:
             self.store.failing = (str(exc), now)
             self.log.error("the database cannot be written (%s): frames are not acked until it "
@@ -226,7 +277,9 @@ class Ingest:
         return Frame(kind, self.name, self.boot, self._seq, now, body)
 
     def take_acks(self, now: float) -> list[tuple[str, Frame]]:
-        """(host, ack frame) for every host that sent something since the last call."""
+        """(host, ack frame) for every host that sent something since the last call; what
+        is staged is committed first, so an ack never covers a frame not stored."""
+        self.flush()
         out = [(host, self._frame("ack", {"boot": boot, "seq": seq}, now))
                for host, (boot, seq) in self.pending_acks.items()]
         self.pending_acks.clear()
@@ -254,6 +307,15 @@ class Ingest:
     def prune(self, now: float) -> None:
         try:
             self.store.prune(now - self.retention_s)
+        except sqlite3.Error as exc:
+            self.store_errors += 1
+            self._log_limited("prune", f"cannot prune old frames: {exc}", now)
+        self._prune_bytes(now)
+
+    def _prune_bytes(self, now: float) -> None:
+        """Keep at most retention_bytes of raw frames (oldest go first), PRUNE_SLACK below."""
+        try:
+            self.store.prune_bytes(int(self.retention_bytes * (1 - PRUNE_SLACK)))
         except sqlite3.Error as exc:
             self.store_errors += 1
             self._log_limited("prune", f"cannot prune old frames: {exc}", now)

@@ -64,7 +64,8 @@ def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: A
     planner = build_planner(cfg.planning, conn, topology, diagnosis, cfg.name)
     ingest = Ingest(store, registry, Sinks(diagnosis, planner) if planner else diagnosis,
                     name=cfg.name, max_frame=cfg.max_frame,
-                    silent_after=cfg.silent_after, retention_s=cfg.frames_retention_s, log=log)
+                    silent_after=cfg.silent_after, retention_s=cfg.frames_retention_s,
+                    retention_bytes=cfg.frames_retention_bytes, log=log)
     return Core(store, registry, diagnosis, ingest, planner)
 
 
@@ -151,7 +152,7 @@ class Server:
         ingest = self.core.ingest
         if self.enrolled is not None:
             self.enrolled.refresh()  # one stat(): revocations apply from this batch on
-        with self.lock:
+        with self.lock, ingest.batch():  # one transaction per drain; acks after its commit
             for _ in range(10000):
                 try:
                     parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)

@@ -42,24 +42,29 @@ class Store:
         # not acked meanwhile; reads go on; /healthz says so. Cleared by the next commit.
         self.failing: tuple[str, float] | None = None
         migrate(conn)
+        # Bytes of raw frame data stored (retention by bytes); blob lengths come from the
+        # row headers, the data is not read.
+        (self.frame_bytes,) = conn.execute(
+            "SELECT coalesce(sum(length(data)), 0) FROM frames").fetchone()
+        self._uncommitted_bytes = 0
 
     def begin(self) -> None:
         self.conn.execute("BEGIN")
 
     def commit(self) -> None:
         self.conn.execute("COMMIT")
+        self.frame_bytes += self._uncommitted_bytes
+        self._uncommitted_bytes = 0
 
     def rollback(self) -> None:
+        self._uncommitted_bytes = 0
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
 
-    def insert_frame(self, host: str, boot: str, seq: int, kind: str, ts: float,
-                     received: float, data: bytes) -> bool:
-        """False if (host, boot, seq) is already stored."""
-        cur = self.conn.execute(
-            "INSERT OR IGNORE INTO frames VALUES (?,?,?,?,?,?,?)",
-            (host, boot, seq, kind, ts, received, data))
-        return cur.rowcount == 1
+    def insert_frames(self, rows: list[tuple[str, str, int, str, float, float, bytes]]) -> None:
+        """(host, boot, seq, kind, ts, received, data) rows; one already stored is left as is."""
+        self.conn.executemany("INSERT OR IGNORE INTO frames VALUES (?,?,?,?,?,?,?)", rows)
+        self._uncommitted_bytes += sum(len(r[6]) for r in rows)
 
     def stored_seqs_above(self, host: str, boot: str, seq: int) -> list[int]:
         rows = self.conn.execute(
@@ -67,10 +72,11 @@ class Store:
             (host, boot, seq))
         return [r[0] for r in rows]
 
-    def save_seq(self, host: str, boot: str, contiguous: int, lost: int) -> None:
-        self.conn.execute(
+    def save_seqs(self, rows: list[tuple[str, str, int, int]]) -> None:
+        """(host, boot, contiguous, lost) rows."""
+        self.conn.executemany(
             "INSERT INTO seqs VALUES (?,?,?,?) ON CONFLICT(host, boot) DO UPDATE SET "
-            "contiguous=excluded.contiguous, lost=excluded.lost", (host, boot, contiguous, lost))
+            "contiguous=excluded.contiguous, lost=excluded.lost", rows)
 
     def load_seq(self, host: str, boot: str) -> tuple[int, int]:
         row = self.conn.execute("SELECT contiguous, lost FROM seqs WHERE host=? AND boot=?",
@@ -98,4 +104,27 @@ class Store:
         return list(self.conn.execute(q + " ORDER BY host, boot, seq", args))
 
     def prune(self, older_than: float) -> int:
-        return self.conn.execute("DELETE FROM frames WHERE received < ?", (older_than,)).rowcount
+        return self._delete_received("<", older_than)
+
+    def prune_bytes(self, max_bytes: int) -> int:
+        """Delete the oldest frames (by receive time) until at most max_bytes are kept."""
+        excess = self.frame_bytes - max_bytes
+        if excess <= 0:
+            return 0
+        freed, cutoff = 0, None
+        cur = self.conn.execute("SELECT received, length(data) FROM frames ORDER BY received")
+        for received, n in cur:
+            freed, cutoff = freed + n, received
+            if freed >= excess:
+                break
+        cur.close()
+        return 0 if cutoff is None else self._delete_received("<=", cutoff)
+
+    def _delete_received(self, op: str, t: float) -> int:
+        with self.conn:  # one transaction: the byte count follows only what was deleted
+            (freed,) = self.conn.execute(
+                f"SELECT coalesce(sum(length(data)), 0) FROM frames WHERE received {op} ?",
+                (t,)).fetchone()
+            n = self.conn.execute(f"DELETE FROM frames WHERE received {op} ?", (t,)).rowcount
+        self.frame_bytes -= freed
+        return n
