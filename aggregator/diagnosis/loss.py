@@ -27,12 +27,9 @@ from .model import Cell, Comm, Model
 from .slow import FRESH_INTERVALS, describe, nic_path
 from .stats import quantile
 
-# The loss counters by the end of a flow that counts them. packet_seq_err (NAKs received) is
-# counted by the requester, the sender, on mlx5; the catalog lists it at the receiver, so it
-# is left out of the vote rather than voted onto the wrong connections.
+# The loss counters by the end of a flow that counts them (c4.core.catalog).
 LOSS: dict[str, tuple[str, ...]] = {
-    end: tuple(n for n, (e, sym, _) in ROCE_SIGNALS.items()
-               if e == end and sym == "loss" and n != "packet_seq_err")
+    end: tuple(n for n, (e, sym, _) in ROCE_SIGNALS.items() if e == end and sym == "loss")
     for end in ("rx", "tx")}
 
 

@@ -101,7 +101,7 @@ ROCE_SIGNALS: dict[str, tuple[str, str, str]] = {
     "np_cnp_sent": ("rx", "congestion", "CNP tx/s"),
     "rp_cnp_handled": ("tx", "congestion", "CNP rx/s"),
     "out_of_sequence": ("rx", "loss", "OOS/s"),
-    "packet_seq_err": ("rx", "loss", "seq err/s"),
+    "packet_seq_err": ("tx", "loss", "seq err/s"),  # NAKs for out-of-order data, counted by the requester
     "local_ack_timeout_err": ("tx", "loss", "timeout/s"),
 }
 ROCE_RX = tuple(n for n, (end, _, _) in ROCE_SIGNALS.items() if end == "rx")
