@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,6 +28,23 @@ TOPOLOGIES = Path(__file__).resolve().parent / "topologies"
 DEFAULT_TOPOLOGY = TOPOLOGIES / "default.json"
 DEFAULT_COLLECTORS = ("host", "rdma", "nccl")
 READY_TIMEOUT_S = 60.0
+# The lab's links run at 100 Mbit/s, thousands of times slower than a 400G NIC: a connection
+# moves a few MB per report interval, so the byte floors that keep a real job's idle
+# connections out of the latency matrix are scaled down with it. Everything else is default.
+LAB_DIAGNOSIS = """
+[diagnosis]
+min_cell_bytes = 131072
+tcp_min_bytes = 131072
+counter_min_rate = 2.0
+"""
+
+# C4P in the lab: plans go out on their own after a C4D link incident (and periodically when
+# they gain enough); `c4 plan apply` pushes one by hand (with the lab's API token).
+LAB_PLANNING = """
+[planning]
+auto_apply = true
+interval_s = 10.0
+"""
 
 Say = Callable[[str], None]
 
@@ -121,7 +139,9 @@ def up(topology: str | None = None, prefix: str = "c4lab", collectors: tuple[str
     (d / "aggregator.toml").write_text(
         f'name = "lab-{prefix}"\nlisten = "{ingest}"\napi = "127.0.0.1:{port}"\n'
         f'db = "{d}/c4.db"\ntopology = "{d}/topology.json"\n'
-        f'server_secret_key = "{keys}/server.key_secret"\nenrolled_keys = "{keys}/enrolled"\n')
+        f'server_secret_key = "{keys}/server.key_secret"\nenrolled_keys = "{keys}/enrolled"\n'
+        f'api_token_file = "{_api_token(d)}"\n{LAB_PLANNING}'
+        f'{LAB_DIAGNOSIS}')
     st.data.update(api=f"http://127.0.0.1:{port}", ingest=ingest)
     agg = _spawn(st, "aggregator", c4_argv("aggregator", "run", "--config",
                                            str(d / "aggregator.toml")))
@@ -167,6 +187,16 @@ def _agent_config(st: LabState, host: str, ingest: str, interval: float,
         text += f'[collectors.tcp_flows]\ncgroup = "{group}"\n'
     path = hd / "agent.toml"
     path.write_text(text)
+    return path
+
+
+def _api_token(d: Path) -> Path:
+    """The bearer token of the lab aggregator's state-changing API (`c4 plan apply`):
+    `api.token` in the state directory, 0600; `c4 lab` commands read it from there."""
+    path = d / "api.token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(24) + "\n")
     return path
 
 

@@ -52,7 +52,7 @@ def new_run(st: LabState, kind: str) -> tuple[str, Path]:
 
 
 def start_ring(st: LabState, *, steps: int, payload: int, compute_ms: float, channels: int,
-               ranks_per_host: int = 1, hosts: list[str] | None = None,
+               buckets: int = 4, ranks_per_host: int = 1, hosts: list[str] | None = None,
                job: str | None = None, say: Callable[[str], None] = lambda s: None) -> str:
     fab = st.fabric()
     topo = fab.topology
@@ -72,7 +72,7 @@ def start_ring(st: LabState, *, steps: int, payload: int, compute_ms: float, cha
     cfg = RunConfig(run_id=run_id, job=job or f"lab-{run_id}",
                     comm_id=zlib.crc32(f"{st.prefix}/{run_id}".encode()) | (0xC4 << 32),
                     ranks=ranks, rings=rings, sports={}, payload=payload, steps=steps,
-                    compute_ms=compute_ms, nnodes=len(order))
+                    compute_ms=compute_ms, nnodes=len(order), buckets=buckets)
     used: dict[str, set[int]] = {}
     for r in ranks:
         for c in range(channels):
@@ -100,7 +100,7 @@ def start_ring(st: LabState, *, steps: int, payload: int, compute_ms: float, cha
             "hosts": {str(r.rank): r.host for r in ranks}, "started": time.time(),
             "payload": payload, "channels": channels, "nranks": len(ranks)}
     say(f"run {run_id}: {len(ranks)} ranks on {len(order)} hosts, {channels} channel(s), "
-        f"payload {payload} B, compute {compute_ms} ms, job {cfg.job}")
+        f"{payload} B per step in {buckets} AllReduce(s), compute {compute_ms} ms, job {cfg.job}")
     return run_id
 
 

@@ -1,8 +1,9 @@
 """`c4 lab run`: a data-parallel job whose collective is a ring AllReduce over TCP between
 ranks in the lab's host namespaces, reporting through the real c4 NCCL profiler plugin.
 
-Each training step is `compute` (CPU work, so a starved rank really is late) then one
-AllReduce of `payload` bytes, split over C channels. Channel c runs its own ring (a different
+Each training step is `compute` (CPU work, so a starved rank really is late) then the
+AllReduce of `payload` bytes in `buckets` collectives (as DDP reduces gradients in buckets),
+each split over C channels. Channel c runs its own ring (a different
 stride over the ranks, so a rank talks to several peers, as NCCL's channels over several NICs
 do) with one TCP connection per hop, 2(n-1) chunk steps of payload/(C n) bytes. Per step and
 connection the protocol is NCCL's in miniature:
@@ -16,13 +17,18 @@ Only the slow hop shows long SendWait per byte; everyone it delays waits for cre
 
 Source ports are bound before connect: by default the lab picks, per connection, a port the
 fabric's ECMP sends over the path the lab's path map records for that NIC pair (so the
-aggregator's map is the truth); a plan can give any port. Re-pathing reconnects at a step
-boundary: `request_reconnect(run_dir, sports)` writes `control.json`; rank 0 reads it at each
-step and the new epoch travels in the chunk headers of the next AllReduce, so every rank
-knows it when that AllReduce ends and all reconnect at the same boundary.
+aggregator's map is the truth); `c4 lab reconnect --sport` and C4P plans give others. C4P's
+ports come from the host agent's planned-ports file (`$C4_TCP_PORTS`, `<run_dir>/tcp-ports`,
+the file libc4-connect.so reads): they win over the others, and each rank looks at the file at
+every step boundary and asks for a reconnect when its connections are not on the planned
+ports. Re-pathing reconnects at a step boundary: `request_reconnect(run_dir, sports)` writes
+`control.json`, which rank 0 reads at each step, or a rank bumps the epoch for its plan; the
+new epoch travels in the chunk headers of the next AllReduce, so every rank knows it when that
+AllReduce ends and all reconnect at the same boundary.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import math
 import os
@@ -37,11 +43,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from c4.agent.tcp_ports import planned_ports
+
 from . import profiler as P
 
 HEADER = struct.Struct("<IIQ")  # epoch, channel, op sequence
 HELLO = struct.Struct("<III")  # rank, channel, epoch (connector -> acceptor)
 STALL_MS = 2000  # plugin: report a stalled communicator after this long without progress
+PORTS_ENV = "C4_TCP_PORTS"  # the agent's planned-ports file (agent/tcp_ports.py)
 
 
 @dataclass
@@ -65,14 +74,18 @@ class RunConfig:
     steps: int  # 0: until stopped
     compute_ms: float
     nnodes: int
+    buckets: int = 1  # AllReduces per step (DDP's gradient buckets), payload split evenly
     plugin: str = ""
 
     @property
     def nranks(self) -> int:
         return len(self.ranks)
 
+    def bucket(self) -> int:
+        return max(self.payload // self.buckets, 1)
+
     def chunk(self) -> int:
-        return max(self.payload // (len(self.rings) * self.nranks), 1)
+        return max(self.bucket() // (len(self.rings) * self.nranks), 1)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -167,13 +180,15 @@ class Rank:
         self.epoch = 0  # connections' epoch
         self.known = 0  # newest epoch seen (own control read or headers)
         self.control_mtime = 0.0
+        self.ports_file = Path(os.environ[PORTS_ENV]) if os.environ.get(PORTS_ENV) else None
+        self.ports_seen: tuple[int, int] | None = None  # (inode, mtime) of the file last read
         self.send: list[socket.socket] = []
         self.recv: list[socket.socket] = []
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind((self.me.addr, self.me.port))
         self.listener.listen(64)
-        self.data = bytearray(HEADER.size + self.chunk)
+        self.data = [bytearray(HEADER.size + self.chunk) for _ in range(self.C)]  # per sender
 
     # -- connections --------------------------------------------------------------------
     def connect(self, sports: dict[str, int]) -> None:
@@ -197,9 +212,8 @@ class Rank:
         t = threading.Thread(target=accept, daemon=True)
         t.start()
         self.send = []
-        for c in range(self.C):
+        for c, sport in enumerate(self.send_ports(sports)):
             nxt = self.cfg.ranks[self.cfg.neighbours(self.rank, c)[1]]
-            sport = sports.get(conn_id(self.rank, c), 0)
             self.send.append(self._dial(nxt, sport, c))
         t.join()
         if err:
@@ -215,6 +229,34 @@ class Rank:
         tmp = self.dir / "conns" / f".r{self.rank}.tmp"
         tmp.write_text(json.dumps(conns))
         os.replace(tmp, self.dir / "conns" / f"r{self.rank}.json")
+
+    def send_ports(self, sports: dict[str, int]) -> list[int]:
+        """Each channel's source port: `sports` (the lab's pick or `c4 lab reconnect`) under
+        the planned-ports rules for its destination (planned_sports)."""
+        peers = [self.cfg.ranks[self.cfg.neighbours(self.rank, c)[1]] for c in range(self.C)]
+        own = [sports.get(conn_id(self.rank, c), 0) for c in range(self.C)]
+        if self.ports_file is None:
+            return own
+        path = self.ports_file
+        return planned_sports([(p.addr, p.port) for p in peers], own,
+                              lambda addr, port: planned_ports(path, addr, port))
+
+    def plan_changed(self) -> bool:
+        """At a step boundary: did the planned-ports file change so that a connection of
+        this rank is not on its planned port any more?"""
+        if self.ports_file is None:
+            return False
+        try:
+            st = self.ports_file.stat()
+        except FileNotFoundError:
+            return False
+        seen = (st.st_ino, st.st_mtime_ns)
+        if seen == self.ports_seen:
+            return False
+        self.ports_seen = seen
+        live = [s.getsockname()[1] for s in self.send]
+        return self.send_ports(dict(zip((conn_id(self.rank, c) for c in range(self.C)),
+                                        live))) != live
 
     def _dial(self, peer: RankSpec, sport: int, channel: int) -> socket.socket:
         deadline = time.monotonic() + 30
@@ -248,7 +290,7 @@ class Rank:
 
     # -- one AllReduce ------------------------------------------------------------------
     def allreduce(self, seq: int) -> None:
-        coll = self.prof.coll(seq, self.cfg.payload // 4, self.C)
+        coll = self.prof.coll(seq, self.cfg.bucket() // 4, self.C)
         done = [0] * self.C
         cv = threading.Condition()
         errors: list[BaseException] = []
@@ -268,27 +310,31 @@ class Rank:
         if errors:
             raise errors[0]
 
-    @staticmethod
-    def _guard(fn: Callable[..., None], errors: list[BaseException], *args: Any) -> None:
+    def _guard(self, fn: Callable[..., None], errors: list[BaseException], *args: Any) -> None:
         try:
             fn(*args)
         except BaseException as exc:
             errors.append(exc)
+            for s in self.send + self.recv:  # unblock the other threads: the op is lost
+                s.close()
+            cv = args[-1]
+            with cv:
+                cv.notify_all()
 
     def _send_op(self, c: int, op: int | None, seq: int, done: list[int],
                  cv: threading.Condition) -> None:
-        s, prof = self.send[c], self.prof
-        view = memoryview(self.data)
+        s, prof, data = self.send[c], self.prof, self.data[c]
+        view = memoryview(data)
         for k in range(self.nsteps):
             h = prof.step(op, k)
             prof.state(h, P.SEND_GPU_WAIT)
             if k:
                 with cv:
-                    cv.wait_for(lambda k=k: done[c] >= k)
+                    cv.wait_for(lambda k=k: done[c] >= k or s.fileno() < 0)
             prof.state(h, P.SEND_PEER_WAIT)
             _expect(s, b"C")
             prof.state(h, P.SEND_WAIT, self.chunk)
-            HEADER.pack_into(self.data, 0, self.known, c, seq)
+            HEADER.pack_into(data, 0, self.known, c, seq)
             s.sendall(view)
             _expect(s, b"A")
             prof.stop(h)
@@ -335,12 +381,12 @@ class Rank:
             ctl = json.loads((self.dir / "control.json").read_text())
         except (FileNotFoundError, ValueError):
             return sports
-        if int(ctl.get("epoch", 0)) >= epoch:
-            sports.update({k: int(v) for k, v in (ctl.get("sports") or {}).items()})
+        sports.update({k: int(v) for k, v in (ctl.get("sports") or {}).items()})
         return sports
 
     def run(self) -> None:
-        self.connect(self.cfg.sports)
+        self.plan_changed()  # the file as it is now: connect() reads it
+        self.connect(self.sports_for(0))
         steps_log = open(self.dir / "steps.jsonl", "a") if self.rank == 0 else None
         step = 0
         while self.cfg.steps == 0 or step < self.cfg.steps:
@@ -350,8 +396,11 @@ class Rank:
                 ctl = self.control()
                 if ctl is not None:
                     self.known = max(self.known, int(ctl.get("epoch", 0)))
+            if self.plan_changed():
+                self.known = max(self.known, self.epoch + 1)
             t1 = time.monotonic()
-            self.allreduce(step)
+            for b in range(self.cfg.buckets):
+                self.allreduce(step * self.cfg.buckets + b)
             t2 = time.monotonic()
             reconnected = False
             if self.known > self.epoch:
@@ -371,6 +420,25 @@ class Rank:
         if steps_log is not None:
             steps_log.write(json.dumps({"done": True, "steps": step, "t": time.time()}) + "\n")
             steps_log.close()
+
+
+def planned_sports(dests: list[tuple[str, int]], own: list[int],
+                   planned: Callable[[str, int], list[int]]) -> list[int]:
+    """Source ports for connections to `dests` (in connect order) under planned-ports rules,
+    as libc4-connect.so reads them: the rules of a destination are its ports, taken in file
+    order by successive connections. A connection whose own port is planned keeps it (no
+    needless reconnect); the others take the destination's unused planned ports; one left
+    without keeps its own port."""
+    rules = {d: planned(*d) for d in set(dests)}
+    out = list(own)
+    free = {d: [p for p in ports if p not in [own[i] for i, x in enumerate(dests) if x == d]]
+            for d, ports in rules.items()}
+    for i, d in enumerate(dests):
+        if own[i] in rules[d]:
+            continue
+        if free[d]:
+            out[i] = free[d].pop(0)
+    return out
 
 
 def compute(seconds: float) -> None:
@@ -397,7 +465,9 @@ def request_reconnect(run_dir: str | os.PathLike[str],
     except (FileNotFoundError, ValueError):
         old = {"epoch": 0, "sports": {}}
     merged = {**old.get("sports", {}), **{k: int(v) for k, v in (sports or {}).items()}}
-    new = {"epoch": int(old.get("epoch", 0)) + 1, "sports": merged, "requested": time.time()}
+    # ranks also reconnect for plans (epochs of their own): go past the newest made
+    epoch = max([int(old.get("epoch", 0))] + [c["epoch"] for c in connections(d)]) + 1
+    new = {"epoch": epoch, "sports": merged, "requested": time.time()}
     tmp = d / ".control.json.tmp"
     tmp.write_text(json.dumps(new))
     os.replace(tmp, path)
@@ -435,6 +505,8 @@ def rank_env(base: dict[str, str], socket_path: Path, job: str) -> dict[str, str
     env = dict(base)
     env.update(C4_AGENT_SOCKET=str(socket_path), C4_JOB_ID=job, C4_INTERVAL_MS="1000",
                C4_STALL_MS=str(STALL_MS), PYTHONUNBUFFERED="1")
+    # the host agent's planned TCP ports, beside its plugin socket in its run_dir
+    env[PORTS_ENV] = str(socket_path.parent / "tcp-ports")
     return env
 
 
@@ -462,6 +534,7 @@ def main(argv: list[str]) -> int:
         return 2
     run_dir = Path(argv[1])
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # threads blocked in recv
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack in the log
     Rank(RunConfig.load(run_dir / "config.json"), int(argv[2]), run_dir).run()
     return 0
 

@@ -63,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "stop`; default 20)")
     q.add_argument("--payload", type=_size, default=4 << 20, metavar="BYTES",
                    help="AllReduce size per step, e.g. 4M (default 4 MiB)")
+    q.add_argument("--buckets", type=int, default=4,
+                   help="AllReduces the payload is split into per step, like DDP's gradient "
+                   "buckets (default 4)")
     q.add_argument("--compute-ms", type=float, default=20.0,
                    help="CPU work per step before the AllReduce, ms of CPU time (default 20)")
     q.add_argument("--channels", type=int, default=2,
@@ -236,7 +239,8 @@ def _run(args: argparse.Namespace) -> int:
 
     st = LabState.open(args.prefix)
     rid = runs.start_ring(st, steps=args.steps, payload=args.payload, compute_ms=args.compute_ms,
-                          channels=args.channels, ranks_per_host=args.ranks_per_host,
+                          channels=args.channels, buckets=args.buckets,
+                          ranks_per_host=args.ranks_per_host,
                           hosts=args.hosts.split(",") if args.hosts else None, job=args.job,
                           say=_say(args))
     _, info = runs.run_info(st, rid)

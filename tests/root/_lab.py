@@ -1,0 +1,77 @@
+"""Fixtures and helpers for the lab's root tests: a lab built and torn down per test, the ring
+job, and waiting for the incident that names an injected fault."""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from c4.lab import control, runs
+from c4.lab.state import LabState
+
+
+def new_prefix() -> str:
+    return "t" + secrets.token_hex(3)
+
+
+@pytest.fixture
+def lab() -> Iterator[LabState]:
+    """The default lab (8 hosts, 4 leaves, 2 spines), removed whatever the test did."""
+    prefix = new_prefix()
+    try:
+        yield control.up(None, prefix)
+    finally:
+        control.down(prefix)
+
+
+@pytest.fixture
+def ring(lab: LabState) -> Iterator[str]:
+    """The ring job stepping (warmed up: the aggregator has its pace and baseline)."""
+    rid = runs.start_ring(lab, steps=0, payload=4 << 20, compute_ms=20, channels=2)
+    _, info = runs.run_info(lab, rid)
+    runs.wait_steps(Path(info["dir"]), 6, 90, info)
+    yield rid
+
+
+def incidents(st: LabState, state: str | None = None) -> list[dict[str, Any]]:
+    q = f"?state={state}" if state else ""
+    with urllib.request.urlopen(f"{st.api}/api/v1/incidents{q}", timeout=5) as r:
+        return list(json.loads(r.read())["incidents"])
+
+
+def top(inc: dict[str, Any]) -> dict[str, Any]:
+    return inc["suspects"][0] if inc.get("suspects") else {}
+
+
+def names(inc: dict[str, Any], fault: dict[str, Any]) -> bool:
+    t = top(inc)
+    accept = set(fault["expect"]["accept"])
+    if fault["expect"]["kind"] == "rank" and t.get("rank") is not None:
+        return str(t["rank"]) in accept
+    return t.get("id") in accept
+
+
+def wait_named(st: LabState, fault: dict[str, Any], timeout: float) -> tuple[dict[str, Any], float]:
+    """The localised incident naming the fault's component and the seconds from injection;
+    fails with every incident seen (the syndrome) when none does in time."""
+    deadline = time.monotonic() + timeout
+    seen: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        seen = incidents(st)
+        for inc in seen:
+            if inc.get("localised") and names(inc, fault):
+                return inc, inc["localised"] - fault["injected"]
+        time.sleep(0.5)
+    pytest.fail(f"{fault['kind']} on {fault['target']}: no localised incident named "
+                f"{fault['expect']['id']} within {timeout:.0f} s; incidents: "
+                + json.dumps([{k: i.get(k) for k in ("class", "summary", "suspects", "localised",
+                                                     "evidence")} for i in seen])[:4000])
+
+
+def others_open(st: LabState, inc: dict[str, Any]) -> list[str]:
+    return [f"{i['class']}: {i['summary']}" for i in incidents(st, "open") if i["id"] != inc["id"]]
