@@ -26,6 +26,7 @@ class Score:
     false_isolations: int = 0  # localised incidents naming a healthy host/NIC/GPU/rank
     false_incidents: int = 0  # incidents (any state) explaining no injected fault
     on_path: int = 0  # faults not named, whose incident names a path through the component
+    wrong_job: int = 0  # faults named, but their incident blames another job (shared hosts)
     detect_s: list[float] = field(default_factory=list)
     localise_s: list[float] = field(default_factory=list)
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [faults, named]
@@ -34,7 +35,7 @@ class Score:
 
     def add(self, other: "Score") -> None:
         for name in ("faults", "named", "detected", "localised_incidents", "correct_incidents",
-                     "false_isolations", "false_incidents", "on_path"):
+                     "false_isolations", "false_incidents", "on_path", "wrong_job"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.detect_s += other.detect_s
         self.localise_s += other.localise_s
@@ -76,6 +77,9 @@ def score(truth: dict[str, Any], incidents: list[dict[str, Any]], origin: float)
             sc.named += 1
             kind[1] += 1
             first = min(hits, key=lambda i: i["localised"])
+            if f.get("job") and first["job"] and first["job"] != f["job"]:
+                sc.wrong_job += 1
+                sc.wrong.append(f"{_brief(first)} blames {first['job']}, not {f['job']}")
             sc.localise_s.append(first["localised"] - origin - f["start"])
             used.update(i["id"] for i in hits)
         else:

@@ -127,6 +127,7 @@ class SimConfig:
     leaves: int = 4
     spines: int = 2
     jobs: int = 1
+    share_hosts: bool = False  # every job on every host, each on its own GPUs and their NICs
     collective: str = "ring"
     transport: str = "nccl"
     channels: int = 0  # 0: one per GPU
@@ -162,6 +163,8 @@ class SimConfig:
                                f"{', '.join(bad)}")
         if self.jobs < 1 or self.jobs > self.hosts:
             raise SimError(f"--jobs: need 1..{self.hosts} (one host at least per job)")
+        if self.share_hosts and (self.jobs > self.gpus_per_host or self.transport == "tcp"):
+            raise SimError("--share-hosts: needs at most one job per GPU, and the nccl transport")
         if not 0.05 <= self.interval <= 60:
             raise SimError("--interval: expected 0.05..60 seconds")
         if self.duration < self.interval:
@@ -232,11 +235,13 @@ class Incarnation:
 
 
 class Job:
-    def __init__(self, index: int, hosts: list[str], topo: Topology, cfg: SimConfig) -> None:
+    def __init__(self, index: int, hosts: list[str], topo: Topology, cfg: SimConfig,
+                 gpus: int = 0, gpu0: int = 0) -> None:
         self.index = index
         self.id = f"train-{index}"
         self.hosts = hosts
-        self.G = cfg.gpus_per_host
+        self.G = gpus or cfg.gpus_per_host  # GPUs per host: its ranks' CUDA devices
+        self.gpu0 = gpu0  # ... from this one on (jobs sharing hosts)
         self.nranks = len(hosts) * self.G
         self.host_of = [hosts[r // self.G] for r in range(self.nranks)]
         self.topo = topo
@@ -278,7 +283,11 @@ class Job:
 
     def nic(self, r: int) -> str:
         nics = self.topo.hosts[self.host_of[r]].nics
-        return nics[(r % self.G) % len(nics)].dev
+        return nics[self.dev(r) % len(nics)].dev
+
+    def dev(self, r: int) -> int:
+        """Rank r's CUDA device on its host (a rank uses the NIC on its GPU's rail)."""
+        return self.gpu0 + r % self.G
 
     def _build(self, channels: int, topo: Topology, collective: str) -> list[Conn]:
         H, G = len(self.hosts), self.G
@@ -338,11 +347,18 @@ class Simulator:
         self.topo = Topology.leaf_spine(cfg.hosts, cfg.gpus_per_host, cfg.leaves, cfg.spines,
                                         nic_gbps=cfg.nic_gbps)
         names = list(self.topo.hosts)
-        per = -(-len(names) // cfg.jobs)
         self.hosts = names
-        self.jobs = [Job(j, names[j * per:(j + 1) * per], self.topo, cfg)
-                     for j in range(cfg.jobs) if names[j * per:(j + 1) * per]]
-        self.job_of_host = {h: job for job in self.jobs for h in job.hosts}
+        if cfg.share_hosts:
+            g = cfg.gpus_per_host // cfg.jobs
+            self.jobs = [Job(j, names, self.topo, cfg, g, j * g) for j in range(cfg.jobs)]
+        else:
+            per = -(-len(names) // cfg.jobs)
+            self.jobs = [Job(j, names[j * per:(j + 1) * per], self.topo, cfg)
+                         for j in range(cfg.jobs) if names[j * per:(j + 1) * per]]
+        self.jobs_on: dict[str, list[Job]] = {}  # host -> the jobs with ranks there
+        for job in self.jobs:
+            for h in job.hosts:
+                self.jobs_on.setdefault(h, []).append(job)
         self.skew = {h: round(self.rng.uniform(-cfg.max_skew, cfg.max_skew), 3) for h in names}
         self.phase = {h: self.rng.uniform(0, cfg.interval) for h in names}
         self.boot = {h: f"{self.rng.getrandbits(48):012x}" for h in names}
@@ -390,10 +406,11 @@ class Simulator:
     def rank_ref(self, gindex: int) -> tuple[Job | None, int]:
         """A global GPU index (host index * gpus + gpu) -> (job, rank in that job)."""
         host = self.hosts[gindex // self.cfg.gpus_per_host]
-        job = self.job_of_host.get(host)
-        if job is None:
-            return None, -1
-        return job, job.hosts.index(host) * job.G + gindex % self.cfg.gpus_per_host
+        gpu = gindex % self.cfg.gpus_per_host
+        for job in self.jobs_on.get(host, []):
+            if job.gpu0 <= gpu < job.gpu0 + job.G:
+                return job, job.hosts.index(host) * job.G + gpu - job.gpu0
+        return None, -1
 
     def _plan_realism(self) -> None:
         """Clean-run noise that must not raise incidents: one-off slow steps, transient
@@ -438,7 +455,8 @@ class Simulator:
         for a, b, j in list(self.checkpoints):
             if self.rng.random() < 0.5:  # the writer stops calling collectives; healed at b
                 self.checkpoints.remove((a, b, j))
-                g = self.hosts.index(self.jobs[j].hosts[0]) * self.cfg.gpus_per_host
+                g = self.hosts.index(self.jobs[j].hosts[0]) * self.cfg.gpus_per_host + \
+                    self.jobs[j].gpu0
                 self.pauses.append(Fault("hang", str(g), a, b))
                 for e in self.clean_events:
                     if e["kind"] == "checkpoint" and e["t"] == round(a, 2):
@@ -482,7 +500,7 @@ class Simulator:
             assert job is not None
             host = job.host_of[r]
             if f.kind == "xid":
-                pci = xid_pci(self.topo.hosts[host].gpu_pci[r % job.G])
+                pci = xid_pci(self.topo.hosts[host].gpu_pci[job.dev(r)])
                 return {"suspect": {"kind": "gpu", "id": f"{host}/{pci}", "host": host},
                         "job": job.id, "rank": r}
             kind, sid = ("rank", str(r)) if f.kind == "straggler" else ("host", host)
@@ -497,11 +515,18 @@ class Simulator:
                     "connections": sum(_crosses(c, t, d) for j in self.jobs for c in j.conns)}
         host = t.partition("/")[0]
         kind = "nic" if "/" in t else "host"
-        return {"suspect": {"kind": kind, "id": t, "host": host}, "job": self._job_id(host)}
+        return {"suspect": {"kind": kind, "id": t, "host": host}, "job": self._job_id(t)}
 
-    def _job_id(self, host: str) -> str | None:
-        job = self.job_of_host.get(host)
-        return job.id if job else None
+    def _job_id(self, target: str) -> str | None:
+        """The job a host's or NIC's fault hits: the one whose ranks use that NIC (jobs
+        sharing a host use different NICs), else the host's first."""
+        host, _, dev = target.partition("/")
+        jobs = self.jobs_on.get(host, [])
+        for job in jobs if dev else ():
+            r0 = job.hosts.index(host) * job.G
+            if any(job.nic(r) == dev for r in range(r0, r0 + job.G)):
+                return job.id
+        return jobs[0].id if jobs else None
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, out: str | Path) -> dict[str, Any]:
@@ -747,18 +772,18 @@ class Simulator:
                      "uptime_s": 86400.0 + t},
         }
         traffic: dict[str, list[int]] = {n.dev: [0, 0] for n in self.topo.hosts[host].nics}
-        job = self.job_of_host.get(host)
-        comms = []
-        live = False
-        if job is not None:
+        comms: list[dict[str, Any]] = []
+        tcp = self._tcp_section([])
+        for job in self.jobs_on.get(host, []):
             inc = job.current(t)
             live = inc is not None and inc.join[host] <= t and (inc.end is None or
                                                                 t < inc.exit[host])
             if live and self.cfg.transport == "nccl":
-                comms = self._comms(job, inc, host, t, traffic)  # type: ignore[arg-type]
+                comms += self._comms(job, inc, host, t, traffic)  # type: ignore[arg-type]
+            elif live:
+                tcp = self._tcp_flows(job, host, t)
         if self.cfg.transport == "tcp":
-            body["tcp_flows"] = self._tcp_flows(job, host, t) if live and job else \
-                self._tcp_section([])
+            body["tcp_flows"] = tcp
         else:
             body["nccl"] = {"comms": comms}
         body["rdma"] = {"ports": self._ports(host, t, traffic)}
@@ -806,7 +831,7 @@ class Simulator:
                     inc.stall_events.add(r)
             s: dict[str, Any] = {
                 "comm": inc.comm, "rank": r, "nranks": job.nranks, "seq_started": started,
-                "seq_completed": done, "pid": job.pids[r], "job": job.id, "dev": r % job.G,
+                "seq_completed": done, "pid": job.pids[r], "job": job.id, "dev": job.dev(r),
                 "inflight": inflight, "colls": [], "peers": [],
             }
             if frozen and inc.inside.get(r) == "sigstop":
@@ -893,7 +918,7 @@ class Simulator:
     def _ports(self, host: str, t: float, traffic: dict[str, list[int]]) -> list[dict[str, Any]]:
         cfg, rng = self.cfg, self.rng
         iv = cfg.interval
-        job = self.job_of_host.get(host)
+        jobs = self.jobs_on.get(host, [])
         ports = []
         for nic in self.topo.hosts[host].nics:
             key = (host, nic.dev)
@@ -904,6 +929,8 @@ class Simulator:
             d["np_cnp_sent"] = d["np_ecn_marked_roce_packets"]
             d["rp_cnp_handled"] = _poisson(rng, 2.0 * iv)
             ep = endpoint(host, nic.dev)
+            rx = [c for job in jobs for c in job.rx_of.get(ep, [])]  # every job's traffic
+            tx = [c for job in jobs for c in job.tx_of.get(ep, [])]
             down = False
             for f in self.faults:
                 if not f.active(t):
@@ -911,29 +938,28 @@ class Simulator:
                 if f.kind in ("nic-down", "link-flap") and f.target == ep:
                     down = f.kind == "nic-down" or (t - f.start) % 10 < iv
                     d["link_downed"] += 1 if (t - f.start) < iv or f.kind == "link-flap" and down else 0
-                if job is None or f.kind != "slow-link":
+                if f.kind != "slow-link":
                     continue
-                for c in job.rx_of.get(ep, []):
+                for c in rx:
                     if _pair_hit(f, c):
                         x = _poisson(rng, 3000 * iv)
                         d["np_ecn_marked_roce_packets"] += x
                         d["np_cnp_sent"] += x
-                for c in job.tx_of.get(ep, []):
+                for c in tx:
                     if _pair_hit(f, c):
                         d["rp_cnp_handled"] += _poisson(rng, 3000 * iv)
             # loss, from what the connections carried: the receiver counts the packets after
             # each loss as out of sequence, the sender gets a NAK (packet_seq_err) per loss
             # and waits an ACK timeout per lost tail
-            for c in job.rx_of.get(ep, []) if job else ():
+            for c in rx:
                 lost = _poisson(rng, c.loss * c.sent / MTU) if c.loss else 0
                 d["out_of_sequence"] += _poisson(rng, lost * GBN_WINDOW / 2) if lost else 0
-            for c in job.tx_of.get(ep, []) if job else ():
+            for c in tx:
                 if c.loss:
                     d["packet_seq_err"] += _poisson(rng, c.loss * c.sent / MTU)
                     d["local_ack_timeout_err"] += c.tails
             for b0, b1, lk, direction, _ in self.bursts:  # congestion marks ECN, loses nothing
-                if b0 <= t < b1 and job and any(_crosses(c, lk, direction)
-                                                for c in job.rx_of.get(ep, [])):
+                if b0 <= t < b1 and any(_crosses(c, lk, direction) for c in rx):
                     x = _poisson(rng, 2000 * iv)
                     d["np_ecn_marked_roce_packets"] += x
                     d["np_cnp_sent"] += x
@@ -990,9 +1016,11 @@ class Simulator:
     def _stall_events(self, host: str, t0: float, t1: float) -> Iterator[tuple[float, dict[str, Any]]]:
         """nccl_stall from the plugin of each rank on this host whose op stopped moving for
         stall_event_s (the plugin's own threshold)."""
-        job = self.job_of_host.get(host)
-        if job is None:
-            return
+        for job in self.jobs_on.get(host, []):
+            yield from self._job_stalls(job, host, t0, t1)
+
+    def _job_stalls(self, job: Job, host: str, t0: float,
+                    t1: float) -> Iterator[tuple[float, dict[str, Any]]]:
         inc = job.current(t0)
         if inc is None or inc.stall_since is None:
             return

@@ -123,10 +123,13 @@ class Hardware:
 
     def _finding(self, cls: str, host: str, sus: Suspect, summary: str, ev: dict[str, Any],
                  first: float, hold: float | None = None) -> Finding:
+        """Jobs sharing a host use different GPUs and NICs: a NIC's fault is the job's whose
+        ranks use that NIC; a host's, the host's first job (all are listed)."""
         jobs = self.model.jobs_on_host(host)
         ev = dict(ev, jobs_on_host=jobs[:8])
-        return Finding(cls, jobs[0] if jobs else None, None, [sus], summary, ev, first,
-                       hold_s=hold, direct=True)
+        users = self.model.jobs_using_nic(sus.id) if sus.kind == "nic" else []
+        job = users[0] if users else jobs[0] if jobs else None
+        return Finding(cls, job, None, [sus], summary, ev, first, hold_s=hold, direct=True)
 
     def _nic(self, host: str, pci: str | None = None, netdev: str | None = None) -> str:
         info = self.model.host(host)

@@ -268,6 +268,15 @@ class Model:
         jobs.update(j for j, hs in self.flows.items() if host in hs)
         return sorted(jobs)
 
+    def jobs_using_nic(self, nic: str) -> list[str]:
+        """Jobs whose ranks use NIC endpoint `nic`, most ranks first."""
+        n: dict[str, int] = {}
+        for c in self.comms.values():
+            k = sum(1 for r in c.ranks.values() if r.nic == nic)
+            if k:
+                n[c.job] = n.get(c.job, 0) + k
+        return sorted(n, key=lambda j: (-n[j], j))
+
     def expire(self, now: float, intervals: float) -> list[Comm]:
         gone = [c for c in self.comms.values() if now - c.last_seen > intervals * c.interval]
         for c in gone:

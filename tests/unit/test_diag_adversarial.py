@@ -152,3 +152,15 @@ def test_a_marginal_nic_is_named_beside_a_slow_link(tmp_path):
                                       Fault.parse("slow-link:node001,node002@10;x=3")]))
     _, sc = replayed(tmp_path, sim)
     assert sc.named == 2 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+
+
+def test_jobs_sharing_hosts_a_dead_nic_is_the_job_that_uses_it(tmp_path):
+    """Two jobs on every host, each on its own GPUs and their NICs: node001/mlx5_3 belongs to
+    the second job, whose hang is that NIC's (one incident), not to the host's first job."""
+    sim = Simulator(SimConfig(duration=50, seed=3, realism=False, jobs=2, share_hosts=True,
+                              faults=[Fault.parse("nic-down:node001/mlx5_3@20")], **SMALL))
+    res, sc = replayed(tmp_path, sim)
+    assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+    (inc,) = res.incidents
+    assert inc["job"] == load_truth(tmp_path / "run.c4rec")["faults"][0]["job"] == "train-1"
+    assert inc["evidence"]["jobs_on_host"] == ["train-0", "train-1"]

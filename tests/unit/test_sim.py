@@ -166,3 +166,25 @@ def test_cli_writes_the_three_files_and_rejects_bad_faults(tmp_path, capsys):
     assert (tmp_path / "cli.c4rec.topology.json").exists()
     assert cli(["sim", "--out", str(out), "--fault", "hang:1"]) == 2
     assert "KIND:TARGET@START" in capsys.readouterr().err
+
+
+def test_jobs_sharing_hosts_each_use_their_own_gpus_and_nics(tmp_path):
+    """--share-hosts: both jobs report from every host, job 1 on CUDA devices 2-3; a NIC's
+    counters count the traffic of the job that uses it; a rank target names its own job."""
+    out = _run(tmp_path, duration=10, jobs=2, share_hosts=True, realism=False, max_skew=0,
+               faults=[Fault.parse("straggler:6@5")])
+    devs: dict[str, set[int]] = defaultdict(set)
+    hosts: dict[str, set[str]] = defaultdict(set)
+    for f in _frames(out):
+        if f.kind == "report":
+            for s in f.body["nccl"]["comms"]:
+                devs[s["job"]].add(s["dev"])
+                hosts[s["job"]].add(f.host)
+            assert all(p["deltas"]["port_xmit_data"] > 0 for p in f.body["rdma"]["ports"]
+                       if f.ts - EPOCH > 4)
+    assert devs == {"train-0": {0, 1}, "train-1": {2, 3}}
+    assert hosts["train-0"] == hosts["train-1"] == {"node000", "node001", "node002", "node003"}
+    (fault,) = json.loads((tmp_path / "run.c4rec.truth.json").read_text())["faults"]
+    assert (fault["job"], fault["rank"], fault["suspect"]["id"]) == ("train-1", 2, "2")
+    with pytest.raises(SimError, match="share-hosts"):
+        SimConfig(jobs=5, gpus_per_host=4, hosts=8, share_hosts=True).validate()

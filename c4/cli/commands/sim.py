@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--spines", type=int, default=2, help="spine switches")
     g = p.add_argument_group("job")
     g.add_argument("--jobs", type=int, default=1, help="jobs, splitting the hosts in blocks")
+    g.add_argument("--share-hosts", action="store_true",
+                   help="every job on every host, each on its own GPUs and their NICs")
     g.add_argument("--collective", choices=("ring", "tree"), default="ring")
     g.add_argument("--transport", choices=TRANSPORTS, default="nccl",
                    help="nccl: NCCL jobs with the c4 plugin; tcp: gloo-like jobs seen only "
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = SimConfig(
             hosts=args.hosts, gpus_per_host=args.gpus_per_host, leaves=args.leaves,
-            spines=args.spines, jobs=args.jobs, collective=args.collective,
+            spines=args.spines, jobs=args.jobs, share_hosts=args.share_hosts,
+            collective=args.collective,
             transport=args.transport,
             channels=args.channels, step_time=args.step_time, ops_per_step=args.ops_per_step,
             noise=args.noise, duration=args.duration, interval=args.interval,
