@@ -176,3 +176,43 @@ def link_load(st: LabState, run_id: str) -> dict[str, list[str]]:
                 if topo.links[link].kind == "fabric":
                     out.setdefault(link, []).append(conn_id(r.rank, c))
     return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+
+
+def start_gloo(st: LabState, *, steps: int, width: int = 512, batch: int = 32,
+               hosts: list[str] | None = None, job: str | None = None,
+               say: Callable[[str], None] = lambda s: None) -> str:
+    """The PyTorch DDP (gloo) job, one rank per host on its first NIC (lab/gloo.py)."""
+    import json
+
+    try:
+        import torch  # noqa: F401  (only to fail early and clearly)
+    except ImportError:
+        raise LabError("the gloo job needs PyTorch: pip install -e '.[lab]' "
+                       "(scripts/setup.sh does)") from None
+    fab = st.fabric()
+    order = placement(fab, hosts, 1)
+    run_id, d = new_run(st, "gloo")
+    ranks = []
+    for h, _ in order:
+        nic = fab.host_nics(h)[0]
+        ranks.append({"rank": len(ranks), "host": h, "addr": nic.addr, "netdev": nic.netdev})
+    job = job or f"lab-{run_id}"
+    (d / "config.json").write_text(json.dumps({"ranks": ranks, "steps": steps, "width": width,
+                                               "batch": batch, "job": job}))
+    env = lab_env(st.prefix)
+    env.update(C4_JOB_ID=job, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    pids = {}
+    for r in ranks:
+        p = spawn_rank([sys.executable, "-m", "c4.lab.gloo", str(d), str(r["rank"])], env,
+                       netns.enter_fn(fab.ns(r["host"])), st.data.get("cgroups", {}).get(r["host"]),
+                       d / f"rank{r['rank']}.log")
+        pids[r["rank"]] = p.pid
+    with st.locked():
+        st.data["runs"][run_id] = {
+            "kind": "gloo", "job": job, "dir": str(d), "state": "running",
+            "pids": {str(k): v for k, v in pids.items()},
+            "hosts": {str(r["rank"]): r["host"] for r in ranks}, "started": time.time(),
+            "nranks": len(ranks)}
+    say(f"run {run_id}: PyTorch DDP (gloo) on {len(ranks)} hosts, MLP width {width}, batch "
+        f"{batch}, job {job}; c4 sees it through eBPF only")
+    return run_id

@@ -63,7 +63,7 @@ stamp=.venv/.c4-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   say "installing the project and its test extras into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test,lab]'  # lab: torch for the lab's gloo job
   touch "$stamp"
 fi
 

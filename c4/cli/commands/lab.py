@@ -80,6 +80,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.add_argument("--json", action="store_true", help="print the run (and its steps) as JSON")
     q.set_defaults(func=_run)
 
+    q = lab.add_parser("gloo", help="run a PyTorch DDP job (gloo backend, no plugin)",
+                       description="Train a small MLP with PyTorch DistributedDataParallel over "
+                       "gloo across the lab's hosts, one rank per host, without the c4 plugin: "
+                       "c4 sees it through eBPF flows only (start the lab with --ebpf). Needs "
+                       "the `lab` extra (torch).")
+    prefix_arg(q)
+    q.add_argument("--steps", type=int, default=20, help="training steps (0: until stopped)")
+    q.add_argument("--width", type=int, default=512,
+                   help="hidden width of the MLP (gradients: about 2 x width^2 floats)")
+    q.add_argument("--batch", type=int, default=32, help="batch size per rank")
+    q.add_argument("--hosts", help="comma-separated hosts (default: all)")
+    q.add_argument("--job", help="job id the ranks carry (C4_JOB_ID)")
+    q.add_argument("--detach", action="store_true", help="return once the job steps")
+    q.add_argument("--json", action="store_true", help="print the run as JSON")
+    q.set_defaults(func=_gloo)
+
     q = lab.add_parser("stop", help="stop a running workload",
                        description="Stop workload RUN (default: every running one).")
     prefix_arg(q)
@@ -230,12 +246,8 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
 
 @_guard
 def _run(args: argparse.Namespace) -> int:
-    import time
-    from pathlib import Path
-
     from c4.lab import runs
     from c4.lab.state import LabState
-    from c4.lab.workload import read_steps
 
     st = LabState.open(args.prefix)
     rid = runs.start_ring(st, steps=args.steps, payload=args.payload, compute_ms=args.compute_ms,
@@ -243,10 +255,33 @@ def _run(args: argparse.Namespace) -> int:
                           ranks_per_host=args.ranks_per_host,
                           hosts=args.hosts.split(",") if args.hosts else None, job=args.job,
                           say=_say(args))
+    return _follow(args, st, rid)
+
+
+@_guard
+def _gloo(args: argparse.Namespace) -> int:
+    from c4.lab import runs
+    from c4.lab.state import LabState
+
+    st = LabState.open(args.prefix)
+    rid = runs.start_gloo(st, steps=args.steps, width=args.width, batch=args.batch,
+                          hosts=args.hosts.split(",") if args.hosts else None, job=args.job,
+                          say=_say(args))
+    return _follow(args, st, rid)
+
+
+def _follow(args: argparse.Namespace, st: Any, rid: str) -> int:
+    """Print the run's steps until it ends (or return at once with --detach)."""
+    import time
+    from pathlib import Path
+
+    from c4.lab import runs
+    from c4.lab.workload import read_steps
+
     _, info = runs.run_info(st, rid)
     d = Path(info["dir"])
     if args.detach:
-        runs.wait_steps(d, 1, 60, info)
+        runs.wait_steps(d, 1, 180, info)  # torch takes a while to import on 2 cores
         out = {"run": rid, "dir": str(d), **info}
         if args.json:
             _print(out)
