@@ -20,6 +20,7 @@ from .alerts import Alerts, AlertsConfig
 from .api import Api, serve
 from .auth import ZapHandler, curve_server
 from .metrics import ClusterMetrics
+from .planner.metrics import PlanMetrics
 from .config import AggregatorConfig
 from .ingest import Ingest
 from .state import HostRegistry
@@ -80,6 +81,8 @@ class Server:
         self.core = build_core(cfg, clock=clock, check_same_thread=False)
         self.api = Api(self.core.ingest, self.core.diagnosis, self.lock, clock)
         self.api.planner = self.core.planner
+        if self.core.planner is not None:
+            self.api.metrics.register(PlanMetrics(self.lock, self.core.planner))
         acfg = c4config.build(AlertsConfig, cfg.alerts, "alerts")
         if not acfg.external_url:
             acfg.external_url = f"http://{cfg.api}"

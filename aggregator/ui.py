@@ -2,7 +2,8 @@
 
 Hosts and their state, open and recent incidents, and one incident at a time with its suspects,
 its latency heatmap (seconds per GB, row sends to column, graded against the job's baseline)
-and its alert deliveries. It refreshes every 5 s. Every value from agents and incidents is set
+and its alert deliveries; the C4P traffic plan: the busiest links' utilisation now and as the
+proposal would place the flows, and the last plan applied. It refreshes every 5 s. Every value from agents and incidents is set
 as text (textContent), never parsed as HTML: host and job names come from the agents.
 """
 from __future__ import annotations
@@ -29,7 +30,11 @@ table.heat th{font-size:11px;font-weight:400} table.heat td.focus{outline:2px so
 <main>
 <div><section><h2>Hosts</h2><table id="hosts"><thead><tr><th>host</th><th>state</th>
 <th>last report</th><th>ports</th><th>collectors down</th></tr></thead><tbody></tbody></table>
-</section></div>
+</section>
+<section id="plan" style="margin-top:16px" hidden><h2>Traffic plan (C4P)</h2>
+<p id="plan-summary" class="muted"></p><table id="plan-links"><thead><tr><th>link</th>
+<th>direction</th><th>now</th><th>planned</th><th>health</th></tr></thead><tbody></tbody></table>
+<p id="plan-last" class="muted"></p></section></div>
 <div><section><h2>Incidents</h2><table id="incidents"><thead><tr><th>#</th><th>class</th>
 <th>state</th><th>job</th><th>top suspect</th><th>detected</th></tr></thead><tbody></tbody>
 </table></section>
@@ -117,6 +122,26 @@ function renderIncident(inc) {
   parts.push(el("div", {}, el("h2", {}, "Evidence"), el("pre", {}, JSON.stringify(inc.evidence, null, 1))));
   box.replaceChildren(...parts);
 }
+function pct(v) { return v === null || v === undefined ? "?" : Math.round(v * 100) + "%"; }
+async function renderPlan() {
+  const box = document.getElementById("plan");
+  let plan;
+  try { plan = await get("/api/v1/plan"); } catch (e) { box.hidden = true; return; }  // planning off
+  box.hidden = false;
+  const p = plan.proposal;
+  document.getElementById("plan-summary").textContent = !p ? plan.flows + " flows, no proposal yet" :
+    plan.flows + " flows (" + p.planned + " planned); busiest link now " + pct(p.current_max_util) +
+    ", planned " + pct(p.proposed_max_util) + "; " + p.moved + " would move (" + p.reason + ")";
+  fill(document.querySelector("#plan-links tbody"), (p ? p.links : []).slice(0, 8).map(l =>
+    el("tr", {}, el("td", {}, l.link), el("td", {}, l.from + " -> " + l.to),
+      el("td", {}, pct(l.current)), el("td", {}, pct(l.proposed)),
+      el("td", {class: l.health === "ok" ? "" : "open"}, l.health))));
+  const last = plan.last_plan;
+  document.getElementById("plan-last").textContent = !last ? "no plan applied yet" :
+    "last plan " + last.id + " (" + last.reason + ", " + when(last.created) + "): " +
+    last.applied + " of " + last.assignments + " applied, " + last.failed.length + " failed, " +
+    last.waiting.length + " waiting";
+}
 async function refresh() {
   try {
     const [hosts, incs] = await Promise.all([get("/api/v1/hosts"), get("/api/v1/incidents")]);
@@ -129,6 +154,7 @@ async function refresh() {
     document.getElementById("summary").textContent = hosts.hosts.length + " hosts (" + silent +
       " silent), " + open + " open incidents, updated " + new Date().toLocaleTimeString();
     if (selected !== null) renderIncident(await get("/api/v1/incidents/" + selected));
+    await renderPlan();
   } catch (e) {
     document.getElementById("summary").textContent = "error: " + e.message;
   }

@@ -316,8 +316,10 @@ class Fabric:
     def path_map(self) -> Topology:
         """The topology with `paths` for every ordered NIC pair of one rail (and the host
         pair, by the first rail): the spine real ECMP picks for the pair's canonical 5-tuple
-        (source port from a hash of the pair, destination LISTEN_PORT)."""
+        (source port from a hash of the pair, destination LISTEN_PORT); and the fabric's
+        addresses, so that C4P maps a probe's answers to links (docs/planning.md)."""
         topo = Topology.from_dict(self.topology.to_dict())
+        self.addresses(topo)
         topo.paths.clear()
         pairs = [(a, b) for a in self.nics.values() for b in self.nics.values()
                  if a.host != b.host and a.rail == b.rail]
@@ -334,6 +336,25 @@ class Fabric:
             if (a.host, b.host) not in topo.paths:
                 topo.set_path(a.host, b.host, links)
         return topo
+
+
+    def addresses(self, topo: Topology) -> None:
+        """Each NIC port's address; each fabric link's two interface addresses (a router
+        answers a probe from the interface it arrived on, icmp_errors_use_inbound_ifaddr);
+        a leaf's gateway address, the same on all its downlinks, as the leaf's own."""
+        for nic in self.nics.values():
+            port = topo.hosts[nic.host].nic(nic.dev)
+            if port is not None:
+                port.addr = nic.addr
+            sw = topo.switches[nic.leaf]
+            if nic.gateway not in sw.addrs:
+                sw.addrs.append(nic.gateway)
+        for w in self.wires.values():
+            if w.kind == "fabric":
+                lk = topo.links[w.link]
+                lk.addrs.update({lk.a: str(w.a.addr).split("/")[0],
+                                 lk.b: str(w.b.addr).split("/")[0]})
+        topo._addrs = None  # resolve_addr's index is stale
 
 
 def set_rate(ipr: Any, index: int, mbit: float) -> None:

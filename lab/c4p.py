@@ -1,0 +1,144 @@
+"""C4P on the lab: colliding flows, the plan that spreads them, and what the fabric and the job
+show before and after (`make demo`, tests/root/test_lab_planning.py; docs/lab.md).
+
+`collide()` starts a ring job between two hosts on different leaves with two channels: each
+rank's two connections go to the same peer, and the lab binds both to source ports that the
+fixed-seed ECMP hash sends over the same spine (the pair's path-map spine), so they collide
+deterministically. The agents (with the eBPF tcp_flows collector) report the connections,
+the planner has their source hosts trace ports, and `c4 plan apply` gives each connection a
+port on its own spine: the agents write the ports into their run_dir's `tcp-ports`, which the
+ranks read at the next step boundary and reconnect with.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+from . import netns, runs
+from .fabric import Fabric, NicPlan
+from .state import LabError, LabState, lab_env
+from .workload import connections, read_steps
+
+Say = Callable[[str], None]
+
+
+def _get(st: LabState, path: str) -> Any:
+    with urllib.request.urlopen(st.api + path, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def cross_pair(fab: Fabric) -> tuple[NicPlan, NicPlan]:
+    """The first two hosts (topology order) under different leaves."""
+    nics = [fab.host_nics(h)[0] for h in fab.topology.hosts]
+    for a in nics:
+        for b in nics:
+            if a.leaf != b.leaf:
+                return a, b
+    raise LabError("C4P needs two hosts under different leaves")
+
+
+def collide(st: LabState, *, payload: int = 4 << 20, compute_ms: float = 5.0,
+            say: Say = lambda s: None) -> str:
+    """A ring job whose connections collide: 2 ranks, 2 channels, per direction both
+    connections on one spine. Returns the run id (steps until stopped)."""
+    a, b = cross_pair(st.fabric())
+    return runs.start_ring(st, steps=0, payload=payload, compute_ms=compute_ms, channels=2,
+                           buckets=1, hosts=[a.host, b.host], say=say)
+
+
+def conn_spines(fab: Fabric, run_dir: Path) -> dict[str, str | None]:
+    """Connection id -> the spine the fabric's ECMP sends its live 5-tuple over (the kernel's
+    own answer for the leaf's multipath route)."""
+    out = {}
+    for c in connections(run_dir):
+        src, dst = fab.nic_of_addr(c["saddr"]), fab.nic_of_addr(c["daddr"])
+        if src is None or dst is None:
+            raise LabError(f"connection {c['id']}: {c['saddr']} -> {c['daddr']} is not the lab's")
+        out[c["id"]] = fab.spine_of(src, dst, c["sport"], c["dport"])
+    return out
+
+
+def uplink_bytes(fab: Fabric, leaf: str) -> dict[str, int]:
+    """Spine -> bytes `leaf` has sent up to it (its fabric interface's tx counter)."""
+    out = {}
+    with netns.open_ns(fab.ns(leaf)) as ipr:
+        links = {ln.get_attr("IFLA_IFNAME"): ln for ln in ipr.get_links()}
+        for si, spine in enumerate(fab.topology.spines):
+            ln = links.get(f"s{si}")
+            if ln is not None:
+                out[spine] = int((ln.get_attr("IFLA_STATS64") or {}).get("tx_bytes", 0))
+    return out
+
+
+def uplink_rates(fab: Fabric, leaf: str, seconds: float) -> dict[str, float]:
+    """Mbit/s `leaf` sends up to each spine, measured over `seconds`."""
+    before = uplink_bytes(fab, leaf)
+    time.sleep(seconds)
+    after = uplink_bytes(fab, leaf)
+    return {s: (after[s] - before.get(s, 0)) * 8 / seconds / 1e6 for s in after}
+
+
+def steps_since(run_dir: Path, epoch: int, skip: int = 1) -> list[dict[str, Any]]:
+    """Steps made on connections of `epoch` or later (the first `skip` of them left out: the
+    step that reconnected, and TCP's ramp-up)."""
+    s = [x for x in read_steps(run_dir) if "step" in x and x["epoch"] >= epoch and
+         not x["reconnected"]]
+    return s[skip:]
+
+
+def wait_steps_since(run_dir: Path, epoch: int, n: int, timeout: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = steps_since(run_dir, epoch)
+        if len(got) >= n:
+            return got[:n]
+        time.sleep(0.1)
+    raise LabError(f"no {n} steps on epoch {epoch} connections in {timeout:.0f} s "
+                   f"(see {run_dir}/rank*.log)")
+
+
+def median_step(steps: list[dict[str, Any]]) -> float:
+    return float(statistics.median(s["step_s"] for s in steps))
+
+
+def wait_proposal(st: LabState, flows: int, timeout: float) -> dict[str, Any]:
+    """The planner's proposal once it plans `flows` flows (reported and traced) and moves
+    some: GET /api/v1/plan, what `c4 plan` shows."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        last = _get(st, "/api/v1/plan")
+        p = last.get("proposal")
+        if p and p["planned"] >= flows and p["moved"]:
+            return last
+        time.sleep(0.5)
+    raise LabError(f"no proposal planning {flows} flows in {timeout:.0f} s: flows "
+                   f"{last.get('flows')}, path map {last.get('pathmap')}, stats "
+                   f"{last.get('stats')}, proposal {json.dumps(last.get('proposal'))[:400]}")
+
+
+def apply_plan(st: LabState) -> dict[str, Any]:
+    """`c4 plan apply` as an operator runs it, with the lab's API token."""
+    proc = subprocess.run([sys.executable, "-m", "c4.cli", "plan", "apply", "--aggregator",
+                           st.api, "--token-file", str(st.dir / "api.token"), "--json"],
+                          capture_output=True, text=True, env=lab_env(st.prefix), timeout=30)
+    if proc.returncode != 0:
+        raise LabError(f"c4 plan apply failed ({proc.returncode}): {proc.stderr.strip()}")
+    return dict(json.loads(proc.stdout))
+
+
+def wait_epoch(run_dir: Path, above: int, timeout: float) -> int:
+    """Wait until every connection of the run was made in an epoch above `above`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conns = connections(run_dir)
+        if conns and min(c["epoch"] for c in conns) > above:
+            return min(c["epoch"] for c in conns)
+        time.sleep(0.1)
+    raise LabError(f"the job did not reconnect within {timeout:.0f} s (see {run_dir}/rank*.log)")
