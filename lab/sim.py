@@ -128,7 +128,7 @@ class SimConfig:
     spines: int = 2
     jobs: int = 1
     share_hosts: bool = False  # every job on every host, each on its own GPUs and their NICs
-    collective: str = "ring"
+    collective: str = "ring"  # ring | tree, or a list per job: "ring,tree"
     transport: str = "nccl"
     channels: int = 0  # 0: one per GPU
     step_time: float = 1.0
@@ -151,8 +151,9 @@ class SimConfig:
     nic_gbps: float = 400.0
 
     def validate(self) -> None:
-        if self.collective not in ("ring", "tree"):
-            raise SimError(f"--collective: expected ring or tree, got {self.collective!r}")
+        if not set(self.collective.split(",")) <= {"ring", "tree"}:
+            raise SimError(f"--collective: expected ring, tree or a list of them per job, got "
+                           f"{self.collective!r}")
         if self.transport not in TRANSPORTS:
             raise SimError(f"--transport: expected {' or '.join(TRANSPORTS)}, "
                            f"got {self.transport!r}")
@@ -247,8 +248,10 @@ class Job:
         self.topo = topo
         self.cfg = cfg
         channels = cfg.channels or max(2, self.G)
+        kinds = cfg.collective.split(",")
+        self.collective = kinds[index % len(kinds)]
         self.conns = (self._build_tcp(topo) if cfg.transport == "tcp" else
-                      self._build(channels, topo, cfg.collective))
+                      self._build(channels, topo, self.collective))
         self.send_of: list[list[Conn]] = [[] for _ in range(self.nranks)]
         self.recv_of: list[list[Conn]] = [[] for _ in range(self.nranks)]
         self.first_rank = {h: i * self.G for i, h in enumerate(hosts)}
@@ -842,7 +845,7 @@ class Simulator:
                 op = job.t_net0 * M + lmax - own + 3.0 * sig
                 s["colls"] = [{"func": "AllReduce", "count": n, "bytes": n * job.op_bytes,
                                "time_s": round(max(1e-4, n * op * (1 + 0.02 * rng.gauss(0, 1))), 6),
-                               "algo": "Ring" if cfg.collective == "ring" else "Tree",
+                               "algo": "Ring" if job.collective == "ring" else "Tree",
                                "proto": "Simple"}]
                 ew = n * (max(0.0, late - own) + sig * max(0.0, 0.85 + 0.6 * rng.gauss(0, 1) / math.sqrt(n)))
                 s["entry_wait_s"] = round(ew, 6)

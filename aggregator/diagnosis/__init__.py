@@ -21,7 +21,8 @@ from .hang import HangDetector
 from .hardware import Hardware
 from .incidents import Incidents
 from .loss import LossDetector
-from .model import Model
+from .model import Model, PathSource
+from .probes import Prober
 from .slow import SlowDetector
 from .straggler import StragglerDetector
 from .tcp import TcpDetector
@@ -38,7 +39,8 @@ class Diagnosis:
         self.model = Model(topology)
         self.counters = Counters(cfg)
         self.hang = HangDetector(cfg, self.model)
-        self.slow = SlowDetector(cfg, self.model, self.counters)
+        self.prober = Prober(self.model)
+        self.slow = SlowDetector(cfg, self.model, self.counters, self.prober)
         self.straggler = StragglerDetector(cfg)
         self.loss = LossDetector(cfg, self.model)
         self.tcp = TcpDetector(cfg, self.model)
@@ -53,8 +55,14 @@ class Diagnosis:
         return cls(db, cfg, topology, actions, log)
 
     def _now(self, now: float) -> float:
-        self.clock = max(self.clock, now)
+        self.clock = self.model.now = max(self.clock, now)
         return self.clock
+
+    def use_paths(self, source: PathSource) -> None:
+        """Learned paths (C4P's probes) for NIC pairs the topology has none for, and probes
+        asked for when a fault's candidate links could be separated (probes.py)."""
+        with self.lock:
+            self.model.paths = source
 
     # -- inputs ---------------------------------------------------------------------------
     def observe(self, frame: Frame, now: float) -> None:
@@ -131,9 +139,12 @@ class Diagnosis:
             findings.sort(key=lambda f: f.cls.startswith("hw_") is False)
             for f in findings:
                 self.store.report(f, now)
+                if f.top is not None and f.top.kind == "path":
+                    self.prober.separate(f.evidence.get("candidate_links") or (), now)
             self.store.tick(now)
             for comm in self.model.expire(now, self.cfg.comm_expire_intervals):
                 self.hang.forget(comm)
+            self.prober.forget(now)
 
     # -- queries (API thread) -------------------------------------------------------------
     def incidents(self, state: str | None = None) -> list[dict[str, Any]]:

@@ -105,6 +105,8 @@ class Incidents:
             inc = self._create(f, now)
         vague = self._merge(inc, f, now, sure)
         keys = {k for k in lookups if k}
+        if top is not None and top.kind == "path":  # the same fault, seen by another job
+            keys.update(f"link:{lk}" for lk in f.evidence.get("candidate_links") or ())
         if inc.localised is not None:
             keys.discard(f.scope)
         if vague:

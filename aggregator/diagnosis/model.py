@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from c4.core.topology import Topology, TopologyError, endpoint, pair_id
 
@@ -25,6 +25,18 @@ class HostInfo:
 
 PACE_REPORTS = 9
 MARGINAL_REPORTS = 20
+LEARNED_REFRESH_S = 5.0  # a learned path (C4P's probes) is looked up again this often
+
+
+class PathSource(Protocol):
+    """Paths learned by probing (C4P's path map, aggregator/planner/service.py)."""
+
+    def learned_path(self, src: str, dst: str, now: float) -> tuple[str, ...] | None:
+        """The one path the live flows NIC src -> NIC dst take (None: unknown, or several)."""
+
+    def request_probe(self, src: str, dst: str, now: float) -> bool:
+        """Trace the live flows src -> dst soon, within the prober's rate limits; False when
+        no live flow joins them."""
 
 
 class Rank:
@@ -108,6 +120,9 @@ class Model:
         self.reported: dict[str, float] = {}  # host -> arrival of its latest report
         self.flows: dict[str, dict[str, list[int]]] = {}  # job -> host -> [flows, retrans]
         self.addrs: dict[str, tuple[str, str | None]] = {}  # IP -> (host, netdev)
+        self.paths: PathSource | None = None  # learned paths, where the topology has none
+        self.now = 0.0
+        self.learned: dict[tuple[str, str], tuple[tuple[str, ...] | None, float]] = {}
 
     # -- hosts ----------------------------------------------------------------------------
     def host(self, name: str) -> HostInfo:
@@ -208,12 +223,26 @@ class Model:
         s, d = comm.ranks.get(cell.src), comm.ranks.get(cell.dst)
         if s is None or d is None:
             return None
-        tag = (s.host, s.nic, d.host, d.nic)
+        tag = (s.host, s.nic, d.host, d.nic, self.learned_path(s.host, s.nic, d.host, d.nic))
         if cell.tag == tag:
             return cell.comps
         cell.path, cell.comps = self.path_components(s.host, s.nic, d.host, d.nic)
         cell.tag = tag
         return cell.comps
+
+    def learned_path(self, s_host: str, s_nic: str | None, d_host: str,
+                     d_nic: str | None) -> tuple[str, ...] | None:
+        """The path probes learned for a NIC pair the topology has no path for (cached for
+        LEARNED_REFRESH_S)."""
+        if self.paths is None or not s_nic or not d_nic or (
+                self.topology is not None and
+                self.topology.path(s_host, d_host, _dev(s_nic), _dev(d_nic)) is not None):
+            return None
+        got = self.learned.get((s_nic, d_nic))
+        if got is None or self.now - got[1] >= LEARNED_REFRESH_S:
+            got = self.learned[(s_nic, d_nic)] = (
+                self.paths.learned_path(s_nic, d_nic, self.now), self.now)
+        return got[0]
 
     def path_components(self, s_host: str, s_nic: str | None, d_host: str,
                         d_nic: str | None) -> tuple[list[str] | None, list[Component]]:
@@ -227,6 +256,9 @@ class Model:
         path = None
         if self.topology is not None:
             path = self.topology.path(s_host, d_host, _dev(s_nic), _dev(d_nic))
+        if path is None:
+            learned = self.learned_path(s_host, s_nic, d_host, d_nic)
+            path = list(learned) if learned else None
         for link, to in self._directions(path or [], s_host):
             lk = self.topology.links.get(link) if self.topology else None
             prio = PRIO_FABRIC if lk is not None and lk.kind == "fabric" else PRIO_ACCESS
@@ -279,6 +311,8 @@ class Model:
 
     def expire(self, now: float, intervals: float) -> list[Comm]:
         gone = [c for c in self.comms.values() if now - c.last_seen > intervals * c.interval]
+        for pair in [k for k, (_, t) in self.learned.items() if now - t > 12 * LEARNED_REFRESH_S]:
+            del self.learned[pair]  # pairs no longer looked up
         for c in gone:
             del self.comms[c.comm]
             for r in c.ranks.values():

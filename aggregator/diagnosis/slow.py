@@ -15,6 +15,7 @@ from .config import DiagnosisConfig
 from .counters import Counters
 from .findings import Finding, Suspect
 from .model import MARGINAL_REPORTS, Cell, Comm, Model, Rank
+from .probes import Prober
 from .stats import lower_baseline, median
 
 FRESH_INTERVALS = 2.5  # a cell's sample counts in the baseline for this many intervals
@@ -27,10 +28,12 @@ MATRIX_LABELS = 16
 
 
 class SlowDetector:
-    def __init__(self, cfg: DiagnosisConfig, model: Model, counters: Counters) -> None:
+    def __init__(self, cfg: DiagnosisConfig, model: Model, counters: Counters,
+                 prober: Prober | None = None) -> None:
         self.cfg = cfg
         self.model = model
         self.counters = counters
+        self.prober = prober
         self.mask = (1 << cfg.slow_window) - 1
 
     def on_report(self, comm: Comm, rk: Rank, now: float) -> None:
@@ -69,6 +72,8 @@ class SlowDetector:
         # slow in most recent reports, and over a span of slow_hold_s (a burst is shorter)
         bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist
                and c.last_slow - c.since >= self.cfg.slow_hold_s}
+        if self.prober is not None:  # slow now, path unknown: traced before it is judged
+            self.prober.trace(comm, (c for c in fresh if c.streak and c.path is None), now)
         out = self._marginal(comm, fresh, now)
         if not bad:
             return out
@@ -90,9 +95,50 @@ class SlowDetector:
         found, rest = localise.peel(bad, cells, self.cfg.localise_confidence, values,
                                     self.cfg.slow_ratio)
         out += [self._finding(comm, ranked, now) for ranked in found]
+        if rest and rest[0].split > 1:
+            rest = self._pooled(comm, rest[0], cells, found, now) or rest
         if rest:
             out.append(self._finding(comm, rest, now))
         return out
+
+    def _pooled(self, comm: Comm, top: localise.Hypothesis,
+                cells: dict[Hashable, list[localise.Component]],
+                found: list[list[localise.Hypothesis]],
+                now: float) -> list[localise.Hypothesis] | None:
+        """Unrelated components explain this job's bad connections equally (a ring's host
+        pair: the up link at one end, the down link at the other): other jobs' connections
+        through them, each judged against its own job, separate them. Persistently slow ones
+        are evidence for, healthy ones against (keys: (comm, src, dst))."""
+        comps = {c for k in top.bad for c in cells[k]}
+        pool = {k: v for k, v in cells.items() if k not in {b for r in found for b in r[0].bad}}
+        bad = set(top.bad)
+        for other in self.model.comms.values():
+            base = other.baseline
+            if other is comm or base is None:
+                continue
+            doubt = base[0] + 0.5 * math.log(self.cfg.slow_ratio)
+            window = FRESH_INTERVALS * other.interval
+            for c in other.cells.values():
+                if now - c.seen > window:
+                    continue
+                slow = c.streak >= self.cfg.slow_persist and \
+                    c.last_slow - c.since >= self.cfg.slow_hold_s
+                if not slow and (c.streak or math.log(c.value) >= doubt):
+                    continue  # evidence of neither
+                oc = self.model.components(other, c)
+                if oc is None or comps.isdisjoint(oc):
+                    continue
+                key = (other.comm, c.src, c.dst)
+                pool[key] = oc
+                if slow:
+                    bad.add(key)
+        if len(pool) == len(cells):
+            return None
+        ranked = localise.rank(bad, pool, frozenset((r[0].kind, r[0].id) for r in found))
+        if not ranked or ranked[0].posterior < self.cfg.localise_confidence or \
+                not any(k in top.bad for k in ranked[0].bad):
+            return None
+        return ranked
 
     def _marginal(self, comm: Comm, fresh: list[Cell], now: float) -> list[Finding]:
         """Slowness below the per-report threshold (a NIC at 80-90 % of its rate), judged over
@@ -134,17 +180,19 @@ class SlowDetector:
                  marginal: float | None = None) -> Finding:
         """marginal: the job's median cell deviation, when judged over recent reports."""
         top = ranked[0]
+        # this job's connections; other jobs' ones (comm, src, dst) only voted (_pooled)
+        bad = [k for k in top.bad if k in comm.cells]
         base_gb = math.exp(comm.baseline[0]) * 1e9 if comm.baseline else 0.0
         if marginal is not None:
-            ratio = math.exp(median([median(list(comm.cells[k].devs)) for k in top.bad]) -
+            ratio = math.exp(median([median(list(comm.cells[k].devs)) for k in bad]) -
                              marginal)
             slow_gb = base_gb * ratio
         else:
-            slow_gb = median([comm.cells[k].slow_value * 1e9 for k in top.bad])
+            slow_gb = median([comm.cells[k].slow_value * 1e9 for k in bad])
             ratio = slow_gb / base_gb if base_gb else 0.0
-        suspects, named, aliases = localise.name(top, nic_path(comm, top.bad))
-        conns = [f"{k[0]}->{k[1]}" for k in top.bad[:8]]
-        paths = {k: comm.cells[k].path for k in top.bad}
+        suspects, named, aliases = localise.name(top, nic_path(comm, bad))
+        conns = [f"{k[0]}->{k[1]}" for k in bad[:8]]
+        paths = {k: comm.cells[k].path for k in bad}
         evidence: dict[str, Any] = {
             "slow_connections": top.n_bad,
             "connections_through_suspect": top.n_all,
@@ -153,13 +201,15 @@ class SlowDetector:
             "ratio": round(ratio, 2),
             "connections": conns,
             **named,
-            "paths_voting": localise.votes(top.bad, paths),
-            "counters": self.counters.corroborate(comm, [comm.cells[k] for k in top.bad]),
+            "paths_voting": localise.votes(bad, paths),
+            "counters": self.counters.corroborate(comm, [comm.cells[k] for k in bad]),
         }
+        if len(bad) < top.n_bad:
+            evidence["other_jobs_slow_connections"] = top.n_bad - len(bad)
         what = describe(suspects[0], self.cfg.localise_confidence)
         span = f"{ratio:.1f}x"
         if marginal is not None:
-            reports = min(len(comm.cells[k].devs) for k in top.bad)
+            reports = min(len(comm.cells[k].devs) for k in bad)
             evidence["marginal_reports"] = reports
             span = f"{ratio:.2f}x (median of their last {reports} reports)"
         summary = (f"{top.n_bad} connection(s) move data at {span} the job's network time "
@@ -167,9 +217,9 @@ class SlowDetector:
         if evidence["counters"]:
             summary += "; NIC counters corroborate"
         first = now - MARGINAL_REPORTS * comm.interval if marginal is not None else \
-            min(comm.cells[k].since for k in top.bad)
+            min(comm.cells[k].since for k in bad)
         return Finding("comm_slow", comm.job, comm.comm, suspects, summary, evidence, first,
-                       matrix=matrix(comm, top.bad), aliases=aliases)
+                       matrix=matrix(comm, bad), aliases=aliases)
 
 
 def describe(top: Suspect, confidence: float) -> str:

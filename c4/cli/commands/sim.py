@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--jobs", type=int, default=1, help="jobs, splitting the hosts in blocks")
     g.add_argument("--share-hosts", action="store_true",
                    help="every job on every host, each on its own GPUs and their NICs")
-    g.add_argument("--collective", choices=("ring", "tree"), default="ring")
+    g.add_argument("--collective", default="ring",
+                   help="ring or tree, or one per job in turn: ring,tree")
     g.add_argument("--transport", choices=TRANSPORTS, default="nccl",
                    help="nccl: NCCL jobs with the c4 plugin; tcp: gloo-like jobs seen only "
                    "through eBPF tcp_flows (one process per host, slow faults only)")
