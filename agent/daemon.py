@@ -17,11 +17,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import msgpack
+
 from c4 import __version__
+from c4.core.wire import Invalid, kinds
 from c4.core.sdnotify import Notifier
 
 from . import collectors as registry
-from .collectors import Collector, CollectorUnavailable, Context, OptionError
+from .collectors import Collector, CollectorUnavailable, Context, OptionError, Sample
 from . import bpf_stats
 from .config import AgentConfig
 from .planning import Planning
@@ -55,6 +58,7 @@ class Agent:
         self.collectors: list[Collector] = []
         self._given = collectors
         self.runners: list[CollectorRunner] = []
+        self.sections_dropped = 0  # sections and events of untrusted collectors (_check)
         self.stop_event = threading.Event()
         if sender is not None:
             self.sender = sender
@@ -171,15 +175,48 @@ class Agent:
             self.health[r.name] = {"ok": True}
             sample = out.sample
             assert sample is not None
+            if r.collector.untrusted:
+                self._check(r.name, sample)
             if sample.section is not None:
                 body[r.name] = sections[r.name] = sample.section
             events.extend(sample.events)
         body["health"] = dict(self.health)
         self.snapshot = Snapshot(sections, dict(self.health), durations, self.snapshot.nics)
-        body["sender"] = self.sender.counters()
+        body["sender"] = {**self.sender.counters(), "sections_dropped": self.sections_dropped}
         self.sender.send("report", body)
         for ev in events:
             self.sender.send("event", ev.body())
+
+    def _check(self, name: str, sample: Sample) -> None:
+        """An untrusted collector's output against the wire schema: a bad or oversized section
+        is dropped alone (health says why, `sender.sections_dropped` counts it), a bad event
+        alone; everything else in the report goes out."""
+        reason = None
+        if sample.section is not None:
+            try:
+                kinds.SECTIONS[name].check(sample.section, name)
+                size = len(msgpack.packb(sample.section))
+                if size > self.cfg.max_frame // 2:
+                    reason = f"section of {size} bytes is over half of max_frame"
+            except (Invalid, ValueError, OverflowError, TypeError) as exc:
+                reason = f"invalid section: {exc}"
+        good = []
+        for ev in sample.events:
+            try:
+                kinds.validate_body("event", ev.body())
+                good.append(ev)
+            except (Invalid, ValueError, OverflowError, TypeError) as exc:
+                self.sections_dropped += 1
+                log.warning("collector %s: dropped an invalid %s event: %s", name, ev.type,
+                            str(exc)[:200])
+        sample.events[:] = good
+        if reason is None:
+            return
+        self.sections_dropped += 1
+        if self.health[name].get("reason") != reason[:500]:
+            log.error("collector %s: %s; the rest of the report goes out", name, reason[:200])
+        self.health[name] = {"ok": False, "reason": reason[:500]}
+        sample.section = None
 
     def run(self) -> int:
         self.start_collectors()

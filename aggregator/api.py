@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +24,14 @@ from .ingest import Ingest
 from .ui import PAGE
 
 log = logging.getLogger("c4.aggregator.api")
+
+
+INCIDENT_ID = re.compile(r"[0-9]{1,18}")
+# Idle or slow HTTP clients must not hold threads and file descriptors (the same descriptors
+# ZeroMQ needs to accept agents): each connection gets this long per read or write, and at most
+# this many are served at once; the rest are closed at accept.
+API_TIMEOUT_S = 10.0
+API_MAX_CONNECTIONS = 64
 
 
 class NotFound(Exception):
@@ -115,8 +124,9 @@ class Api:
                     raise BadRequest("state must be open, mitigated or resolved")
                 return {"incidents": self.diagnosis.incidents(state) if self.diagnosis else []}
             if what == "incidents" and len(rest) == 1:
-                if not rest[0].isdigit():
-                    raise BadRequest("incident id must be a number")
+                # ASCII digits only (str.isdigit takes "²") and below SQLite's 2^63.
+                if not INCIDENT_ID.fullmatch(rest[0]):
+                    raise BadRequest("incident id must be a decimal number of at most 18 digits")
                 inc = self.diagnosis.incident(int(rest[0])) if self.diagnosis else None
                 if inc is None:
                     raise NotFound(f"no incident {rest[0]}")
@@ -259,9 +269,43 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(api: Api, address: str) -> ThreadingHTTPServer:
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` of them; one over is closed at once."""
+
+    daemon_threads = True
+    request_queue_size = 128  # listen() backlog: a burst is accepted, then capped here
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int = API_MAX_CONNECTIONS,
+                 timeout: float = API_TIMEOUT_S) -> None:
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.timeout_s = timeout
+        self.refused = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        request.settimeout(self.timeout_s)  # per read or write: an idle client is dropped
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+def serve(api: Api, address: str, max_connections: int = API_MAX_CONNECTIONS,
+          timeout: float = API_TIMEOUT_S) -> BoundedHTTPServer:
     host, _, port = address.rpartition(":")
-    httpd = ThreadingHTTPServer((host.strip("[]"), int(port)), make_handler(api))
-    httpd.daemon_threads = True
+    httpd = BoundedHTTPServer((host.strip("[]"), int(port)), make_handler(api), max_connections,
+                              timeout)
     threading.Thread(target=httpd.serve_forever, name="c4-api", daemon=True).start()
     return httpd

@@ -24,6 +24,9 @@ class AggregatorConfig:
     frames_retention_bytes: int = field(1 << 30, "raw frame bytes kept at most (oldest "
                                         "pruned first; the replay window is this divided by "
                                         "the ingest rate, docs/scaling.md)")
+    max_hosts: int = field(20000, "hosts kept at most; a new host beyond it takes the place of "
+                           "the one silent longest, or is rejected (`host_limit`) if none is")
+    host_expiry_s: float = field(7 * 86400.0, "a host silent this long is forgotten (seconds)")
     topology: str = field("", "topology JSON file (c4/core/topology.py); empty: none")
     server_secret_key: str = field("/etc/c4/keys/server.key_secret",
                                    "the aggregator's CURVE secret key file, mode 0600 "
@@ -54,6 +57,8 @@ class AggregatorConfig:
             raise ConfigError(f"{where}api: expected host:port, got {self.api!r}")
         if not 1024 <= self.max_frame <= 64 << 20:
             raise ConfigError(f"{where}max_frame: must be between 1 KiB and 64 MiB")
+        if self.max_hosts < 1 or self.host_expiry_s <= 0:
+            raise ConfigError(f"{where}max_hosts/host_expiry_s: must be positive")
         if self.frames_retention_bytes < 1 << 20:
             raise ConfigError(f"{where}frames_retention_bytes: must be at least 1 MiB")
         if self.silent_after < 0 or self.frames_retention_s <= 0:

@@ -45,6 +45,7 @@ class Ingest:
                  *, name: str = "aggregator", max_frame: int = wire.DEFAULT_MAX_FRAME,
                  silent_after: float = 0.0, retention_s: float = 3600.0,
                  retention_bytes: int = 1 << 30,
+                 max_hosts: int = 20000, host_expiry_s: float = 7 * 86400.0,
                  log: logging.Logger | None = None) -> None:
         self.store = store
         self.registry = registry
@@ -54,6 +55,8 @@ class Ingest:
         self.silent_after = silent_after
         self.retention_s = retention_s
         self.retention_bytes = retention_bytes
+        self.max_hosts = max_hosts
+        self.host_expiry_s = host_expiry_s
         self.log = log or logging.getLogger("c4.aggregator.ingest")
         self.boot = uuid.uuid4().hex[:16]
         self._seq = 0
@@ -107,6 +110,9 @@ class Ingest:
 
     def accept(self, frame: Frame, data: bytes, now: float) -> Outcome:
         """Store and apply a frame `decode` returned (`data`: its bytes as received)."""
+        if frame.host not in self.registry.hosts and not self._room_for_host(now):
+            return self.reject(Rejected("host_limit", f"{len(self.registry.hosts)} hosts known "
+                                        "(max_hosts) and none is silent", frame.to_dict()), now)
         h = self.registry.get(frame.host)
         seqs = self._seq_state(h, frame.boot)
         key = (h.name, frame.boot)
@@ -187,6 +193,27 @@ class Ingest:
                 self.internal_error("apply", exc, t)
         if self.store.frame_bytes > self.retention_bytes * (1 + PRUNE_SLACK):
             self._prune_bytes(now)
+
+    def _room_for_host(self, now: float) -> bool:
+        """Below max_hosts, or the host silent longest made room: made-up names cannot grow
+        the registry (and every per-host loop) without bound."""
+        hosts = self.registry.hosts
+        if len(hosts) < self.max_hosts:
+            return True
+        silent = [h for h in hosts.values() if h.status == "silent"]
+        if not silent:
+            return False
+        self._forget(min(silent, key=lambda h: h.last_seen).name, now, "max_hosts reached")
+        return True
+
+    def _forget(self, name: str, now: float, why: str) -> None:
+        self.registry.hosts.pop(name, None)
+        self.pending_acks.pop(name, None)
+        try:
+            self.store.forget_host(name)
+        except sqlite3.Error as exc:  # it comes back at restart, and goes again
+            self._log_limited("forget", f"cannot forget host {name} in the database: {exc}", now)
+        self.log.info("host %s forgotten: %s", name, why)
 
     def _seq_state(self, h: HostState, boot: str) -> SeqState:
         s = h.seqs.get(boot)
@@ -305,6 +332,9 @@ class Ingest:
                 self.internal_error("tick", exc, now)
 
     def prune(self, now: float) -> None:
+        for h in [h for h in self.registry.hosts.values()
+                  if h.status == "silent" and now - h.last_seen > self.host_expiry_s]:
+            self._forget(h.name, now, f"silent for more than {self.host_expiry_s:.0f} s")
         try:
             self.store.prune(now - self.retention_s)
         except sqlite3.Error as exc:

@@ -28,6 +28,10 @@ from .store import Store, connect
 
 log = logging.getLogger("c4.aggregator")
 TICK_S = 1.0
+INGEST_QUEUE_BYTES = 64 << 20
+# Work per hold of the global lock: then it is released (API, ticks) and taken again.
+DRAIN_FRAMES = 512
+DRAIN_BYTES = 16 << 20
 PRUNE_S = 60.0
 
 
@@ -66,7 +70,8 @@ def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: A
     ingest = Ingest(store, registry, Sinks(diagnosis, planner) if planner else diagnosis,
                     name=cfg.name, max_frame=cfg.max_frame,
                     silent_after=cfg.silent_after, retention_s=cfg.frames_retention_s,
-                    retention_bytes=cfg.frames_retention_bytes, log=log)
+                    retention_bytes=cfg.frames_retention_bytes,
+                    max_hosts=cfg.max_hosts, host_expiry_s=cfg.host_expiry_s, log=log)
     return Core(store, registry, diagnosis, ingest, planner)
 
 
@@ -101,7 +106,10 @@ class Server:
         # the limit and twice it reach ingest and are rejected and counted as too_large.
         self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * cfg.max_frame)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting agent takes over its route
-        self.sock.setsockopt(zmq.RCVHWM, 100000)
+        # Memory by bytes, not messages: ZeroMQ holds at most this many unread frames per agent
+        # connection (then TCP pushes back and the agent keeps them), so a flood of large
+        # frames costs at most INGEST_QUEUE_BYTES per connection.
+        self.sock.setsockopt(zmq.RCVHWM, max(8, INGEST_QUEUE_BYTES // cfg.max_frame))
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
         # Identity (docs/security.md): CURVE, and a ZAP handler that admits enrolled keys only.
@@ -151,16 +159,21 @@ class Server:
             self._send(peer, frame)
 
     def _drain(self) -> None:
-        """Handle every frame waiting (bounded), then ack each host once."""
+        """Handle the frames waiting, up to DRAIN_FRAMES / DRAIN_BYTES, then ack each host
+        once; the loop comes back for the rest after the lock was free for the API and ticks."""
         ingest = self.core.ingest
         if self.enrolled is not None:
             self.enrolled.refresh()  # one stat(): revocations apply from this batch on
         with self.lock, ingest.batch():  # one transaction per drain; acks after its commit
-            for _ in range(10000):
+            budget = DRAIN_BYTES
+            for _ in range(DRAIN_FRAMES):
+                if budget <= 0:
+                    break
                 try:
                     parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
+                budget -= sum(len(p) for p in parts)
                 if len(parts) != 2:
                     # DEALER sends exactly one frame: anything else is not a c4 agent.
                     ingest.rejected["malformed"] += 1

@@ -90,6 +90,10 @@ class Store:
             "boot=excluded.boot, hello=excluded.hello, last_seen=excluded.last_seen",
             (name, boot, json.dumps(hello, sort_keys=True), first_seen, last_seen))
 
+    def forget_host(self, name: str) -> None:
+        self.conn.execute("DELETE FROM hosts WHERE name=?", (name,))
+        self.conn.execute("DELETE FROM seqs WHERE host=?", (name,))
+
     def hosts(self) -> Iterable[tuple[str, str, dict[str, Any], float, float]]:
         for name, boot, hello, first, last in self.conn.execute(
                 "SELECT name, boot, hello, first_seen, last_seen FROM hosts ORDER BY name"):

@@ -63,6 +63,9 @@ class Sample:
 
 class Collector(ABC):
     name: ClassVar[str]  # config name and report section key
+    # Fed by other processes (the plugin socket): its section and events are checked against
+    # the wire schema every interval, and a bad one is dropped alone (the report still goes).
+    untrusted: ClassVar[bool] = False
 
     def __init__(self, ctx: Context, options: Mapping[str, Any]) -> None:
         self.ctx = ctx

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import msgpack
+
 from ..jobs import DEFAULT_KEYS, JobResolver
-from ..plugin_proto import Malformed, Message, Stalled, Summary, decode
+from ..plugin_proto import MAX_NS, Malformed, Message, Stalled, Summary, decode
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 from .options import check_keys, get_int, get_str_list
 
@@ -38,6 +40,12 @@ MAX_PEERS = 8192
 MAX_COLLS = 64
 MAX_WAITING = 4096
 MAX_PENDING = 1024  # multi-part messages waiting for their other parts
+PENDING_BYTES = 8 << 20  # ... and the bytes they hold: parts that never complete cost no more
+MAX_PARTS = 64  # the largest summary (8,192 peers) takes 7 parts
+MAX_STALE_S = 300.0  # expiry uses the plugin's interval, but never waits longer than this
+MAX_STALLS = 64  # stall events per report interval, newest per (pid, comm, rank) first
+SECTION_BYTES = 512 << 10  # the encoded section: the report must fit max_frame with the rest
+U64_MAX = 2**64 - 1
 LOGGED_REJECTS = 10
 UCRED = struct.Struct("iII")
 NS = 1e-9
@@ -62,10 +70,12 @@ class _Pending:
     nparts: int
     interval_s: float
     parts: dict[int, Message] = field(default_factory=dict)
+    size: int = 0  # bytes of the datagrams held
 
 
 class NcclCollector(Collector):
     name = "nccl"
+    untrusted = True
     OPTIONS = ("socket", "socket_group", "rcvbuf", "buffer_bytes", "stale_intervals", "job_env")
 
     def __init__(self, ctx: Context, options: Mapping[str, Any]) -> None:
@@ -95,7 +105,8 @@ class NcclCollector(Collector):
         self._overflow = 0
         self._comms: dict[tuple[int, str, int], _Comm] = {}
         self._pending: dict[tuple[int, str, int, int], tuple[int, _Pending]] = {}
-        self._events: list[Event] = []
+        self._pending_bytes = 0
+        self._stalls: dict[tuple[int, str, int], Event] = {}  # newest per (pid, comm, rank)
         self._drops_seen: dict[int, int] = {}
 
     def _str_option(self, key: str) -> str | None:
@@ -178,10 +189,16 @@ class NcclCollector(Collector):
             self._datagram(data, flags, pid, now)
         self._expire(now)
         comms = []
+        size = 0
         for key in sorted(self._comms):
             c = self._comms[key]
-            if len(comms) < MAX_COMMS:
-                comms.append(self._report(c))
+            report = self._report(c) if len(comms) < MAX_COMMS else None
+            # The report must fit in one frame with the other sections: past the budget a
+            # communicator is left out this interval (counted) instead of the whole report.
+            n = len(msgpack.packb(report)) if report is not None else 0
+            if report is not None and size + n <= SECTION_BYTES:
+                comms.append(report)
+                size += n
             else:
                 self.dropped += 1
             c.colls.clear()
@@ -189,7 +206,9 @@ class NcclCollector(Collector):
             c.entry_wait_ns = c.entry_ops = 0
             if c.latest.header.final:
                 del self._comms[key]
-        events, self._events = self._events, []
+        events = list(self._stalls.values())[-MAX_STALLS:]
+        self.dropped += len(self._stalls) - len(events)
+        self._stalls = {}
         section = {"comms": comms, "malformed": sum(self.malformed.values()),
                    "dropped": self.dropped, "plugin_unsent": sum(self._drops_seen.values())}
         return Sample(section, events)
@@ -231,37 +250,53 @@ class NcclCollector(Collector):
             if flags & socket.MSG_TRUNC:
                 raise Malformed("too_large", "datagram truncated at 64 KiB")
             msg = decode(data)
+            self._part(pid or msg.header.pid, msg, len(data), now)
         except Malformed as exc:
-            self.malformed[exc.reason] += 1
-            if sum(self.malformed.values()) <= LOGGED_REJECTS:
-                self.ctx.log.warning("nccl: rejected a datagram from pid %d: %s", pid, exc)
-            return
-        self._part(pid or msg.header.pid, msg, now)
+            self._reject(exc.reason, f"{exc}", pid)
+        except Exception as exc:  # any process in the socket's group can write: never crash
+            self._reject("error", f"{type(exc).__name__}: {exc}", pid)
 
-    def _part(self, pid: int, msg: Message, now: float) -> None:
+    def _reject(self, reason: str, detail: str, pid: int) -> None:
+        self.malformed[reason] += 1
+        if sum(self.malformed.values()) <= LOGGED_REJECTS:
+            self.ctx.log.warning("nccl: rejected a datagram from pid %d: %s", pid, detail[:200])
+
+    def _part(self, pid: int, msg: Message, size: int, now: float) -> None:
         h = msg.header
         self._note_drops(pid, h.dgram_drops)
         if h.nparts == 1:
             self._complete(pid, [msg], now)
             return
+        if h.nparts > MAX_PARTS:
+            raise Malformed("field", f"{h.nparts} parts (at most {MAX_PARTS})")
         key = (pid, h.comm, h.rank, h.type)
         seq, pending = self._pending.get(key, (h.msg_seq, None))
         if pending is not None and seq != h.msg_seq:  # a newer message: the old one is lost
-            self.dropped += len(pending.parts)
+            self._drop_pending(key)
             pending = None
         if pending is None:
             if len(self._pending) >= MAX_PENDING:
                 self.dropped += 1
                 return
-            pending = _Pending(now, h.nparts, h.interval_ms / 1000)
+            pending = _Pending(now, h.nparts, min(h.interval_ms / 1000, MAX_STALE_S))
         if h.nparts != pending.nparts or h.part in pending.parts:
-            self.malformed["field"] += 1
+            raise Malformed("field", f"part {h.part} of {h.nparts} does not fit its message")
+        if self._pending_bytes + size > PENDING_BYTES:
+            self.dropped += 1
             return
         pending.parts[h.part] = msg
+        pending.size += size
+        self._pending_bytes += size
         self._pending[key] = (h.msg_seq, pending)
         if len(pending.parts) == pending.nparts:
+            self._pending_bytes -= pending.size
             del self._pending[key]
             self._complete(pid, [pending.parts[i] for i in range(pending.nparts)], now)
+
+    def _drop_pending(self, key: tuple[int, str, int, int]) -> None:
+        _, pending = self._pending.pop(key)
+        self.dropped += len(pending.parts)
+        self._pending_bytes -= pending.size
 
     def _note_drops(self, pid: int, drops: int) -> None:
         if drops > self._drops_seen.get(pid, 0):
@@ -274,7 +309,14 @@ class NcclCollector(Collector):
         first = parts[0]
         if isinstance(first, Stalled):
             waiting = [w for p in parts if isinstance(p, Stalled) for w in p.waiting]
-            self._events.append(self._stall_event(pid, first, waiting))
+            k = (pid, first.header.comm, first.header.rank)
+            if k in self._stalls:  # a newer stall of the same rank replaces the older one
+                del self._stalls[k]
+                self.dropped += 1
+            elif len(self._stalls) >= MAX_STALLS:
+                self.dropped += 1
+                return
+            self._stalls[k] = self._stall_event(pid, first, waiting)
             return
         assert isinstance(first, Summary)
         key = (pid, first.header.comm, first.header.rank)
@@ -285,35 +327,36 @@ class NcclCollector(Collector):
                 return
             c = self._comms[key] = _Comm(pid, first, now)
         c.latest, c.last_rx = first, now
-        c.entry_wait_ns += first.entry_wait_ns
+        # Sums are clamped to what the report schema holds: a datagram listing one peer twice
+        # with 2^64-1 bytes must not overflow the encoder (or get the whole report refused).
+        c.entry_wait_ns = min(c.entry_wait_ns + first.entry_wait_ns, MAX_NS - 1)
         c.entry_ops += first.entry_ops
         for coll in first.colls:
             k = (coll.func, coll.algo, coll.proto)
             if k in c.colls or len(c.colls) < MAX_COLLS:
-                acc = c.colls.setdefault(k, [0, 0, 0])
-                acc[0] += coll.count
-                acc[1] += coll.bytes
-                acc[2] += coll.time_ns
+                _add(c.colls.setdefault(k, [0, 0, 0]), (coll.count, coll.bytes, coll.time_ns),
+                     (U64_MAX, U64_MAX, MAX_NS - 1))
         for part in parts:
             assert isinstance(part, Summary)
             for p in part.peers:
                 k = (p.peer, p.channel, p.dir)
                 if k in c.peers or len(c.peers) < MAX_PEERS:
-                    acc = c.peers.setdefault(k, [0, 0, 0, 0, 0])
-                    for i, v in enumerate((p.bytes, p.steps, p.net_wait_ns, p.peer_wait_ns,
-                                           p.gpu_wait_ns)):
-                        acc[i] += v
+                    _add(c.peers.setdefault(k, [0, 0, 0, 0, 0]),
+                         (p.bytes, p.steps, p.net_wait_ns, p.peer_wait_ns, p.gpu_wait_ns),
+                         (U64_MAX, U64_MAX, MAX_NS - 1, MAX_NS - 1, MAX_NS - 1))
 
     def _expire(self, now: float) -> None:
+        # On the agent's clock, with the plugin's interval capped: a sender claiming a day-long
+        # interval does not keep its state for days.
         for key, c in list(self._comms.items()):
-            if now - c.last_rx > self.stale_intervals * c.latest.header.interval_ms / 1000:
+            interval = min(c.latest.header.interval_ms / 1000, MAX_STALE_S)
+            if now - c.last_rx > self.stale_intervals * interval:
                 del self._comms[key]
         live = {pid for pid, _, _ in self._comms}
         self._drops_seen = {pid: n for pid, n in self._drops_seen.items() if pid in live}
         for key, (_, pending) in list(self._pending.items()):
             if now - pending.first_rx > self.stale_intervals * pending.interval_s:  # parts lost
-                del self._pending[key]
-                self.dropped += len(pending.parts)
+                self._drop_pending(key)
 
     # ---- report ----
 
@@ -358,3 +401,8 @@ class NcclCollector(Collector):
                  "func": s.func, "age_s": s.age_ns * NS, "waiting": waits, "pid": pid,
                  "job": self.jobs.job_of(pid), "seq_completed": s.seq_completed}
         return Event("nccl_stall", "error", attrs, msg=msg)
+
+
+def _add(acc: list[int], values: tuple[int, ...], caps: tuple[int, ...]) -> None:
+    for i, (v, cap) in enumerate(zip(values, caps)):
+        acc[i] = min(acc[i] + v, cap)

@@ -21,6 +21,7 @@ DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB: a report of 1,000 flows and 64 ports fits 
 # Why a frame was rejected; each has a counter in the aggregator.
 REJECT_REASONS = (
     "internal",  # a bug on the aggregator's side: the frame is refused, the process goes on
+    "host_limit",  # a new host while `max_hosts` are known and none of them is silent
     "too_large", "malformed", "bad_envelope", "unsupported_version", "unknown_kind", "bad_body",
     "unexpected_kind", "identity",
 )

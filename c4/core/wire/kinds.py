@@ -95,13 +95,17 @@ HELLO = Record(
 SENDER = Record(
     required={"unacked": U64, "resent": U64, "dropped_queue_full": U64, "dropped_invalid": U64,
               "errors_received": U64, "reconnects": U64},
+    optional={"sections_dropped": U64},
     doc={"unacked": "frames held for resending (not acked yet)",
          "resent": "frames sent again after `resend_after` without an ack, cumulative",
          "dropped_queue_full": "frames dropped because the queue was full (lost), cumulative",
          "dropped_invalid": "frames not sent because they failed validation or were rejected "
                             "by the aggregator, cumulative",
          "errors_received": "`error` frames received from the aggregator, cumulative",
-         "reconnects": "times the agent dropped and re-created its socket, cumulative"},
+         "reconnects": "times the agent dropped and re-created its socket, cumulative",
+         "sections_dropped": "report sections and events of collectors fed by other processes "
+                             "(the plugin socket) dropped because they failed the schema or "
+                             "were too large; the rest of the report went out, cumulative"},
 )
 
 REPORT = Record(
