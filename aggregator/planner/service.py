@@ -326,6 +326,30 @@ class Planner:
         while len(self.pending) > 1024:  # answers that never came
             self.pending.pop(next(iter(self.pending)))
 
+    # -- C4D (aggregator/diagnosis/probes.py) -------------------------------------------------
+    def learned_path(self, src: str, dst: str, now: float) -> tuple[str, ...] | None:
+        """The one path the live flows NIC src -> NIC dst take, as probes learned it (C4D
+        votes with it where the topology has none); None when unknown, or their ports take
+        different paths. A pair without reported flows: the one path its probed ports take."""
+        ports = [(fl.pclass, fl.sport) for fl in self.flows.get(src.partition("/")[0], {}).values()
+                 if fl.src == src and fl.dst == dst and fl.sport is not None]
+        paths = {self.pathmap.lookup(src, dst, pc, sp, now) for pc, sp in ports} if ports else \
+            set(self.pathmap.ports(src, dst, "roce", now).values())
+        return paths.pop() if len(paths) == 1 and None not in paths else None
+
+    def request_probe(self, src: str, dst: str, now: float) -> bool:
+        """C4D asks for the paths of the flows src -> dst: they are traced at the next tick,
+        ahead of the per-host interval and the retry wait, within the global rate limit.
+        False when no live flow joins them (nothing to trace)."""
+        host = src.partition("/")[0]
+        keys = {(fl.src, fl.dst, fl.pclass) for fl in self.flows.get(host, {}).values()
+                if fl.src == src and fl.dst == dst}
+        for key in keys:
+            self.asked.pop(key, None)
+        if keys:
+            self.host_probe.pop(host, None)
+        return bool(keys)
+
     # -- plans ------------------------------------------------------------------------------
     def all_flows(self) -> list[Flow]:
         out = []
@@ -509,5 +533,8 @@ def build_planner(table: dict[str, Any], db: sqlite3.Connection, topology: Topol
     cfg = c4config.build(PlanningConfig, table, "planning")
     if topology is None or not cfg.enabled:
         return None
-    return Planner(topology, cfg, db, logging.getLogger("c4.aggregator.planner"), name,
-                   (lambda: diagnosis.incidents("open")) if diagnosis is not None else None)
+    planner = Planner(topology, cfg, db, logging.getLogger("c4.aggregator.planner"), name,
+                      (lambda: diagnosis.incidents("open")) if diagnosis is not None else None)
+    if diagnosis is not None:  # C4D votes with learned paths and asks for probes
+        diagnosis.use_paths(planner)
+    return planner

@@ -49,10 +49,11 @@ def tcp_report(src_ip: str, dst_ip: str, sports: list[int]) -> dict:
         "drops_delta": {}}}
 
 
-def trace(t: Topology, src: str, dst: str, sport: int) -> list[str]:
+def trace(t: Topology, src: str, dst: str, sport: int, proto: str = "tcp",
+          dport: int = 29500) -> list[str]:
     """What the fabric does with a 5-tuple: a hash over the equal-cost paths; the routers on
     it answer from their loopbacks."""
-    path = t.ecmp_path(src, dst, "tcp", sport, 29500)
+    path = t.ecmp_path(src, dst, proto, sport, dport)
     hops, cur = [], t.links[path[0]].a
     for lid, fwd in t.orient(cur, path[:-1]):
         node = t.links[lid].b if fwd else t.links[lid].a
@@ -165,8 +166,8 @@ def test_a_link_incident_replans_off_the_link_and_auto_applies():
                p.pathmap.ports("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", 2.0).values())
 
 
-def test_verbs_qps_become_roce_flows_keyed_by_qp():
-    p, t = planner()
+def qp_flow(p: Planner) -> None:
+    """node000 reports one RC QP to node002 (verbs_qp uprobes + the kernel's QP list)."""
     gid = "fe80:0000:0000:0000:0000:0000:0000:0003"
     body = hello("node002", "10.0.0.3")
     body["nics"][0]["ports"][0]["gids"] = [gid]
@@ -182,6 +183,11 @@ def test_verbs_qps_become_roce_flows_keyed_by_qp():
         "netlink": [{"dev": "mlx5_0", "port": 1, "lqpn": 100, "rqpn": 200, "qp_type": "RC",
                      "state": "RTS", "pid": 7, "comm": "python"}]}}
     p.observe(frame("report", "node000", rep), 1.0)
+
+
+def test_verbs_qps_become_roce_flows_keyed_by_qp():
+    p, t = planner()
+    qp_flow(p)
     [fl] = p.all_flows()
     assert (fl.id, fl.proto, fl.dst, fl.sport) == ("qp:mlx5_0:100", "roce", "node002/mlx5_0",
                                                    0xC123)
@@ -190,3 +196,32 @@ def test_verbs_qps_become_roce_flows_keyed_by_qp():
     pr = body["probes"][0]
     assert kind == "probe" and pr["dst"] == "10.0.0.3" and pr["dport"] == 4791
     assert 0xC123 in pr["sports"] and all(0xC000 <= s <= 0xFFFF for s in pr["sports"])
+
+
+def test_diagnosis_reads_learned_paths_and_asks_for_probes():
+    """C4D's PathSource (aggregator/diagnosis/probes.py): a probe on request ahead of the
+    retry wait and the per-host interval; the one path a NIC pair's live flows take."""
+    from c4.aggregator.config import AggregatorConfig
+    from c4.aggregator.server import build_core
+
+    p, t = planner()
+    p.cfg.probe_host_interval_s = 3600.0
+    src, dst = "node000/mlx5_0", "node002/mlx5_0"
+    qp_flow(p)
+    p.tick(2.0)
+    assert [k for _, k, _ in p.take_outbox()] == ["probe"]  # its answer is lost
+    p.tick(3.0)
+    assert p.take_outbox() == []  # asked lately, and the host's interval is an hour
+    assert p.learned_path(src, dst, 3.0) is None
+    assert not p.request_probe("node001/mlx5_0", dst, 3.0)  # no flow to trace
+    assert p.request_probe(src, dst, 3.0)
+    p.tick(3.0)
+    [(host, _, body)] = p.take_outbox()
+    results = [{"id": pr["id"], "sport": sp, "reached": True,
+                "hops": trace(t, src, dst, sp, "roce", 4791)}
+               for pr in body["probes"] for sp in pr["sports"]]
+    p.observe(frame("probe_result", host, {"probe_id": body["probe_id"], "results": results}),
+              3.0)
+    assert p.learned_path(src, dst, 3.0) == t.ecmp_path(src, dst, "roce", 0xC123, 4791)
+    core = build_core(AggregatorConfig(), db_path=":memory:", topology=t)
+    assert core.diagnosis.model.paths is core.planner
