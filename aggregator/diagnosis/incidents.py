@@ -95,6 +95,10 @@ class Incidents:
             cand = self.mem[iid]
             if k == f.scope and self._confident(cand):
                 continue  # it names something already: this is another fault
+            if k == host_key and sure and self._confident(cand) and \
+                    CLASS_RANK[cand.cls] == CLASS_RANK[f.cls] and cand.suspects[0]["id"] != top.id:
+                continue  # two named culprits of one tier on a host (a straggler and a slow
+                # NIC): two faults, not a cause and its symptom
             inc = cand
             break
         if inc is None and not sure:  # a vague sign of a fault already named

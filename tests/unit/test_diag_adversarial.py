@@ -164,3 +164,15 @@ def test_jobs_sharing_hosts_a_dead_nic_is_the_job_that_uses_it(tmp_path):
     (inc,) = res.incidents
     assert inc["job"] == load_truth(tmp_path / "run.c4rec")["faults"][0]["job"] == "train-1"
     assert inc["evidence"]["jobs_on_host"] == ["train-0", "train-1"]
+
+
+def test_a_straggler_does_not_hide_a_slow_nic_on_its_host(tmp_path):
+    """Rank 9 (node002) arrives late at every collective; two seconds later node002/mlx5_3
+    runs at 85 %. Two culprits of one tier on one host are two faults: the NIC's incident is
+    its own, not a symptom of the straggler's."""
+    sim = Simulator(SimConfig(duration=70, seed=5, noise=0.05, straggler_delay=0.1,
+                              realism=False, **SMALL,
+                              faults=[Fault.parse("straggler:9@20"),
+                                      Fault.parse("slow-node:node002/mlx5_3@22;x=1.18")]))
+    _, sc = replayed(tmp_path, sim)
+    assert sc.named == 2 and sc.false_incidents == 0, (sc.misses, sc.wrong)
