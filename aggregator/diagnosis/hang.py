@@ -22,6 +22,7 @@ from .slow import describe, matrix, nic_path
 
 STUCK_SHARE = 0.5  # a send connection that spent this share of the interval in SendWait
 MAX_CULPRIT_HOSTS = 4  # beyond this, "everyone is behind someone": not localised
+WRITER_PAUSES = 2  # recovered pauses, all by the same ranks, before others' are suspect
 POINTING = ("RecvWait", "SendPeerWait")  # the waiter's peer holds it up
 WAITING_ON_OTHERS = POINTING + ("SendWait",)  # a rank in these waits on a peer or the network
 
@@ -31,7 +32,9 @@ class HangDetector:
         self.cfg = cfg
         self.model = model
         self.pause_s: dict[str, float] = {}  # job -> longest idle-rank pause it recovered from
-        self.pausing: dict[str, float] = {}  # comm -> the idle-rank pause going on (seconds)
+        # job -> (ranks idle in the pauses it recovered from, how many, always the same)
+        self.writers: dict[str, tuple[set[int], int, bool]] = {}
+        self.pausing: dict[str, tuple[float, set[int]]] = {}  # comm -> pause going on, ranks
 
     def threshold(self, comm: Comm) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_op_factor * (comm.period or 0.0))
@@ -63,22 +66,32 @@ class HangDetector:
         culprits = behind + missing or self._blockers(comm, live)
         if behind and not missing and all(r.inflight is None for r in behind):
             # alive and idle, not entering the op the others wait in: a checkpoint writer
-            # looks exactly like this until it outlasts what the job's checkpoints take
-            self.pausing[comm.comm] = stalled_s
-            if stalled_s < max(self.cfg.checkpoint_s, self.pause_s.get(comm.job, 0.0)):
-                return []
-            ev["pause_allowance_s"] = round(max(self.cfg.checkpoint_s,
-                                                self.pause_s.get(comm.job, 0.0)), 1)
+            # looks exactly like this until it outlasts what the job's checkpoints take,
+            # unless the job's checkpoints so far were written by other ranks
+            idle = {r.rank for r in behind}
+            writers, n, same = self.writers.get(comm.job, (set(), 0, True))
+            self.pausing[comm.comm] = (stalled_s, idle)
+            if n >= WRITER_PAUSES and same and not idle <= writers:
+                ev["checkpoint_writers"] = sorted(writers)[:16]
+            else:
+                allowance = max(self.cfg.checkpoint_s, self.pause_s.get(comm.job, 0.0))
+                if stalled_s < allowance:
+                    return []
+                ev["pause_allowance_s"] = round(allowance, 1)
         if culprits:
             return self._noncomm(comm, culprits, missing, stalled, ev, first)
         return [self._comm(comm, live, ev, first)]
 
     def _recovered(self, comm: Comm) -> None:
         """The op moves again: an idle-rank pause that ended by itself was legitimate (a
-        checkpoint), and the job's next ones may last as long."""
+        checkpoint): the job's next ones may last as long. When the same ranks wrote every
+        one of at least WRITER_PAUSES, another rank idle that way is no checkpoint."""
         pause = self.pausing.pop(comm.comm, None)
         if pause is not None:
-            self.pause_s[comm.job] = max(self.pause_s.get(comm.job, 0.0), 1.5 * pause)
+            self.pause_s[comm.job] = max(self.pause_s.get(comm.job, 0.0), 1.5 * pause[0])
+            writers, n, same = self.writers.get(comm.job, (set(), 0, True))
+            self.writers[comm.job] = (writers | pause[1], n + 1,
+                                      same and (n == 0 or pause[1] == writers))
 
     def forget(self, comm: Comm) -> None:
         self.pausing.pop(comm.comm, None)

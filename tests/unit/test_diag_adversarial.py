@@ -176,3 +176,24 @@ def test_a_straggler_does_not_hide_a_slow_nic_on_its_host(tmp_path):
                                       Fault.parse("slow-node:node002/mlx5_3@22;x=1.18")]))
     _, sc = replayed(tmp_path, sim)
     assert sc.named == 2 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+
+
+def test_a_rank_idle_where_checkpoints_were_always_written_by_another_is_named_at_once(tmp_path):
+    """Rank 0 wrote the job's two checkpoints (the others waited for it in the next
+    collective); then rank 5 stops calling collectives: not a checkpoint writer, named after
+    the hang threshold rather than the 60 s allowance."""
+    sim = Simulator(SimConfig(duration=85, seed=6, realism=False,
+                              faults=[Fault("hang", "5", 60.0)], **SMALL))
+    sim.pauses = [Fault("hang", "0", 15.0, 25.0), Fault("hang", "0", 35.0, 45.0)]
+    res, sc = replayed(tmp_path, sim)
+    assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+    assert sc.localise_s[0] <= 10.0
+    assert res.incidents[0]["evidence"]["checkpoint_writers"] == [0]
+
+
+def test_checkpoints_by_varying_ranks_teach_no_writers(tmp_path):
+    sim = Simulator(SimConfig(duration=80, seed=6, realism=False, **SMALL))
+    sim.pauses = [Fault("hang", "0", 15.0, 25.0), Fault("hang", "4", 35.0, 45.0),
+                  Fault("hang", "8", 55.0, 70.0)]
+    res, _ = replayed(tmp_path, sim)
+    assert res.incidents == [], [i["summary"] for i in res.incidents]
