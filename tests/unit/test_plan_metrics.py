@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from c4.aggregator.planner.metrics import PlanMetrics
+from tests.promtool import check_metrics
 
 from .test_planner_service import colliding, planner
 
@@ -31,6 +32,7 @@ def test_link_loads_current_and_planned() -> None:
         p.pathmap.learn(SRC, DST, "tcp:29500", sp,
                         t.ecmp_path(SRC, DST, "tcp", sp, 29500), 1.0)
     p.view(2.0)
+    check_metrics(generate_latest(reg).decode())  # lints clean, as the aggregator's others
     m = scrape(reg)
 
     def load(link: str, direction: str, state: str) -> float:
