@@ -67,6 +67,8 @@ class Arcs:
         self.ids = list(topo.links)
         self.index = {lid: i for i, lid in enumerate(self.ids)}
         self.ends = {lid: (2 * i, lk.a, lk.b) for i, (lid, lk) in enumerate(topo.links.items())}
+        self.gbps = np.repeat([topo.links[lid].gbps * 1e9 / 8 for lid in self.ids], 2)
+        self.named = [(lid, d == 0) for lid in self.ids for d in (0, 1)]
 
     def of_path(self, path: tuple[str, ...]) -> tuple[int, ...]:
         """Arc indices along a path from its NIC port (the first access link's `a`)."""
@@ -87,73 +89,126 @@ class Arcs:
         return tuple(out)
 
     def caps(self, suspect: dict[str, str], suspect_factor: float) -> np.ndarray:
-        cap = np.empty(2 * len(self.ids))
-        for i, lid in enumerate(self.ids):
-            g = self.topo.links[lid].gbps * 1e9 / 8  # bytes/s, per direction (full duplex)
-            if lid in suspect:
-                g *= suspect_factor
-            cap[2 * i] = cap[2 * i + 1] = g
+        """Bytes/s per arc (links are full duplex: each direction has the link's rate)."""
+        cap = self.gbps.copy()
+        for lid in suspect:
+            i = self.index.get(lid)
+            if i is not None:
+                cap[2 * i:2 * i + 2] *= suspect_factor
         return cap
 
     def names(self) -> list[tuple[str, bool]]:
-        return [(lid, d == 0) for lid in self.ids for d in (0, 1)]
+        return self.named
+
+
+@dataclass
+class _Pair:
+    """What one (src, dst, proto) contributes: its known ports and candidate paths."""
+
+    stamp: tuple[int, frozenset[str]]  # path map version, the down links its paths touch
+    until: float  # when its oldest entry expires
+    known: dict[int, tuple[str, ...]]
+    links: frozenset[str]  # every link of a known path
+    paths: list[tuple[str, ...]]  # usable (no down link), sorted
+    ports: list[list[int]]
+    arcs: list[tuple[int, ...]]  # the same object while the pair is unchanged
+    index: dict[int, int]  # known port -> candidate index (ports on down paths absent)
+
+
+class Model:
+    """`build` for a caller that builds again and again (the aggregator): an endpoint pair's
+    candidates are recomputed only when its known ports changed (PathMap.version), one of
+    them expired, or a link on them went down or came back; an unchanged pair hands the
+    solver the same candidate list object, whose split the engine keeps."""
+
+    def __init__(self, topo: Topology, suspect_factor: float = 0.5,
+                 arcs: Arcs | None = None) -> None:
+        self.topo = topo
+        self.suspect_factor = suspect_factor
+        self.arcs = arcs or Arcs(topo)
+        self.pairs: dict[tuple[str, str, str], _Pair] = {}
+        self.pathmap: PathMap | None = None
+        self.cap: tuple[frozenset[str], np.ndarray] | None = None
+
+    def _pair(self, key: tuple[str, str, str], pathmap: PathMap, down: set[str],
+              now: float) -> _Pair:
+        pr = self.pairs.get(key)
+        version = pathmap.version(key)
+        if pr is not None and pr.stamp[0] == version and now <= pr.until and \
+                (not (down or pr.stamp[1]) or pr.stamp[1] == down.intersection(pr.links)):
+            return pr
+        known = pathmap.ports(*key, now)
+        links = frozenset(lk for p in known.values() for lk in p)
+        by_path: dict[tuple[str, ...], list[int]] = {}
+        for port, path in known.items():
+            if not down.intersection(path):
+                by_path.setdefault(path, []).append(port)
+        paths = sorted(by_path)
+        at = {p: k for k, p in enumerate(paths)}
+        pr = _Pair((version, frozenset(down.intersection(links))), pathmap.fresh_until(key),
+                   known, links, paths, [sorted(by_path[p]) for p in paths],
+                   [self.arcs.of_path(p) for p in paths],
+                   {port: at[path] for port, path in known.items() if path in at})
+        self.pairs[key] = pr
+        return pr
+
+    def build(self, flows: list[Flow], pathmap: PathMap, health: Health, now: float) -> Built:
+        """Candidates of each flow: the paths its known ports take, minus any through a down
+        link. A suspect link keeps only `suspect_factor` of its capacity, so load leaves it
+        first."""
+        if pathmap is not self.pathmap:
+            self.pairs.clear()
+            self.pathmap = pathmap
+        arcs = self.arcs
+        base = np.zeros(2 * len(arcs.ids))
+        planned: list[Flow] = []
+        cand_arcs: list[list[tuple[int, ...]]] = []
+        cand_paths: list[list[tuple[str, ...]]] = []
+        cand_ports: list[list[list[int]]] = []
+        current: list[int] = []
+        unplanned: list[tuple[Flow, str]] = []
+        seen: dict[tuple[str, str, str], _Pair] = {}
+        down = health.down
+        top = max((fl.demand for fl in flows), default=0.0)
+        for fl in flows:
+            if fl.demand < MICE * top:
+                # the acks of a one-way stream (the accepting end of a lab or NCCL socket
+                # connection, whose port is the listener's): moving it cannot lower the maximum
+                unplanned.append((fl, "too small to move"))
+                _base_load(self.topo, arcs, base, fl, pathmap.lookup(
+                    fl.src, fl.dst, fl.pclass, fl.sport, now) if fl.sport is not None else None)
+                continue
+            key = (fl.src, fl.dst, fl.pclass)
+            pr = seen.get(key)
+            if pr is None:  # flows between the same endpoints (channels, QPs) share one
+                pr = seen[key] = self._pair(key, pathmap, down, now)
+            if not pr.paths:
+                why = "no known port avoids the down links" if pr.known else "no path known yet"
+                unplanned.append((fl, why))
+                _base_load(self.topo, arcs, base, fl,
+                           pr.known.get(fl.sport) if fl.sport is not None else None)
+                continue
+            planned.append(fl)
+            cand_paths.append(pr.paths)
+            cand_ports.append(pr.ports)
+            cand_arcs.append(pr.arcs)
+            current.append(pr.index.get(fl.sport, -1) if fl.sport is not None else -1)
+        for key in [k for k in self.pairs if k not in seen]:
+            del self.pairs[key]  # pairs without flows: their memory goes with them
+        inst = None
+        if planned:
+            suspect = frozenset(health.suspect)
+            if self.cap is None or self.cap[0] != suspect:
+                self.cap = (suspect, arcs.caps(health.suspect, self.suspect_factor))
+            inst = Instance(self.cap[1], np.fromiter((fl.demand for fl in planned), np.float64,
+                                                     len(planned)), cand_arcs, base)
+        return Built(inst, planned, cand_paths, cand_ports, current, unplanned, arcs.names())
 
 
 def build(topo: Topology, flows: list[Flow], pathmap: PathMap, health: Health, now: float,
           suspect_factor: float = 0.5, arcs: Arcs | None = None) -> Built:
-    """Candidates of each flow: the paths its known ports take, minus any through a down link.
-    A suspect link keeps only `suspect_factor` of its capacity, so load leaves it first."""
-    arcs = arcs or Arcs(topo)
-    base = np.zeros(2 * len(arcs.ids))
-    planned: list[Flow] = []
-    cand_arcs: list[list[tuple[int, ...]]] = []
-    cand_paths: list[list[tuple[str, ...]]] = []
-    cand_ports: list[list[list[int]]] = []
-    current: list[int] = []
-    unplanned: list[tuple[Flow, str]] = []
-    demand: list[float] = []
-    memo: dict[tuple[str, str, str], tuple[dict[int, tuple[str, ...]], list[tuple[str, ...]],
-                                            list[list[int]], list[tuple[int, ...]]]] = {}
-    top = max((fl.demand for fl in flows), default=0.0)
-    for fl in flows:
-        if fl.demand < MICE * top:
-            # the acks of a one-way stream (the accepting end of a lab or NCCL socket
-            # connection, whose port is the listener's): moving it cannot lower the maximum
-            unplanned.append((fl, "too small to move"))
-            _base_load(topo, arcs, base, fl, pathmap.lookup(fl.src, fl.dst, fl.pclass,
-                                                            fl.sport, now)
-                       if fl.sport is not None else None)
-            continue
-        key = (fl.src, fl.dst, fl.pclass)
-        got = memo.get(key)
-        if got is None:  # flows between the same endpoints (channels, QPs) share candidates
-            known = pathmap.ports(fl.src, fl.dst, fl.pclass, now)
-            by_path: dict[tuple[str, ...], list[int]] = {}
-            for port, path in known.items():
-                if not health.down.intersection(path):
-                    by_path.setdefault(path, []).append(port)
-            paths = sorted(by_path)
-            got = memo[key] = (known, paths, [sorted(by_path[p]) for p in paths],
-                               [arcs.of_path(p) for p in paths])
-        known, paths, ports, path_arcs = got
-        cur_path = known.get(fl.sport) if fl.sport is not None else None
-        if not paths:
-            why = "no known port avoids the down links" if known else "no path known yet"
-            unplanned.append((fl, why))
-            _base_load(topo, arcs, base, fl, cur_path)
-            continue
-        planned.append(fl)
-        cand_paths.append(paths)
-        cand_ports.append(ports)
-        cand_arcs.append(path_arcs)
-        current.append(paths.index(cur_path) if cur_path is not None and cur_path in paths
-                       else -1)
-        demand.append(fl.demand)
-    inst = None
-    if planned:
-        inst = Instance(arcs.caps(health.suspect, suspect_factor), np.array(demand), cand_arcs,
-                        base)
-    return Built(inst, planned, cand_paths, cand_ports, current, unplanned, arcs.names())
+    """One build (Model.build) for callers that plan once."""
+    return Model(topo, suspect_factor, arcs).build(flows, pathmap, health, now)
 
 
 def _base_load(topo: Topology, arcs: Arcs, base: np.ndarray, fl: Flow,

@@ -4,7 +4,8 @@ destination port too.
 
 Keys use topology endpoints (`host/dev`); a path is the tuple of link ids from src to dst.
 An entry is trusted until it is older than `ttl_s`, until a link on it has an incident (the
-fabric may have rerouted it) or until the topology changes (`clear`).
+fabric may have rerouted it) or until the topology changes (`clear`). `version(key)` changes
+whenever what is known about a key does, so the planner's model rebuilds only those keys.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class PathMap:
         self.ttl_s = ttl_s
         self.entries: dict[Key, dict[int, Entry]] = {}
         self.by_link: dict[str, set[tuple[Key, int]]] = {}
+        self.changes = 0  # a counter: key -> the value when the key last changed
+        self.changed: dict[Key, int] = {}
+        self.cleared = 0
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.entries.values())
@@ -37,6 +41,19 @@ class PathMap:
         self.entries.setdefault(key, {})[sport] = Entry(tuple(links), now)
         for lk in links:
             self.by_link.setdefault(lk, set()).add((key, sport))
+        self._changed(key)
+
+    def _changed(self, key: Key) -> None:
+        self.changes += 1
+        self.changed[key] = self.changes
+
+    def version(self, key: Key) -> int:
+        return max(self.changed.get(key, 0), self.cleared)
+
+    def fresh_until(self, key: Key) -> float:
+        """When the oldest entry of `key` stops being trusted (inf: none)."""
+        got = self.entries.get(key)
+        return min(e.learned for e in got.values()) + self.ttl_s if got else float("inf")
 
     def _unindex(self, key: Key, sport: int, links: tuple[str, ...]) -> None:
         for lk in links:
@@ -53,6 +70,7 @@ class PathMap:
             e = self.entries.get(key, {}).pop(sport, None)
             if e is not None:
                 self._unindex(key, sport, e.links)
+                self._changed(key)
             if key in self.entries and not self.entries[key]:
                 del self.entries[key]
         return len(gone)
@@ -60,6 +78,9 @@ class PathMap:
     def clear(self) -> None:
         self.entries.clear()
         self.by_link.clear()
+        self.changes += 1
+        self.cleared = self.changes
+        self.changed.clear()
 
     def ports(self, src: str, dst: str, proto: str, now: float) -> dict[int, tuple[str, ...]]:
         """Known source ports of (src, dst, proto) and the path each takes (fresh ones only)."""
@@ -77,6 +98,7 @@ class PathMap:
         for key, sport in old:
             e = self.entries[key].pop(sport)
             self._unindex(key, sport, e.links)
+            self._changed(key)
             if not self.entries[key]:
                 del self.entries[key]
         return len(old)

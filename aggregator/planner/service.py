@@ -22,7 +22,7 @@ from c4.core.wire.kinds import PROBE_SPORTS_MAX
 from ..schema import migrate
 from . import solver
 from .config import PlanningConfig
-from .model import Arcs, Built, Flow, Health, build, choose_ports
+from .model import Built, Flow, Health, Model, choose_ports
 from .pathmap import PathMap
 
 ROCE_PORTS = (0xC000, 0xFFFF)
@@ -60,7 +60,9 @@ class Planner:
         self.name = name
         self.incidents = incidents or (lambda: [])
         migrate(db)
-        self.arcs = Arcs(topology)
+        # kept between plans: candidates per endpoint pair, the optimiser's last state
+        self.model = Model(topology, cfg.suspect_factor)
+        self.engine = solver.Engine()
         self.pathmap = PathMap(cfg.path_ttl_s)
         self.health = Health()
         self.flows: dict[str, dict[str, Flow]] = {}  # host -> flow id -> flow
@@ -364,8 +366,7 @@ class Planner:
 
     def propose(self, now: float, reason: str, replan: bool = False) -> Proposal | None:
         """Plan the live flows; `replan`: keep every flow whose path is still usable."""
-        b = build(self.topo, self.all_flows(), self.pathmap, self.health, now,
-                  self.cfg.suspect_factor, self.arcs)
+        b = self.model.build(self.all_flows(), self.pathmap, self.health, now)
         if b.inst is None:
             self.proposal = None
             return None
@@ -373,9 +374,11 @@ class Planner:
         current_util = solver.max_util(b.inst, b.current) if complete else None
         if replan:
             # restore the utilisation the last proposal or plan reached, moving little
-            r = solver.replan(b.inst, b.current, self.cfg.budget_s, self.planned_util)
+            r = self.engine.replan(b.inst, b.current, self.cfg.budget_s, self.planned_util,
+                                   keys=[(fl.host, fl.id) for fl in b.flows])
         else:
-            r = solver.plan(b.inst, b.current, self.cfg.budget_s)
+            r = self.engine.plan(b.inst, b.current, self.cfg.budget_s,
+                                 keys=[(fl.host, fl.id) for fl in b.flows])
         self.proposal = Proposal(b, r, choose_ports(b, r.assign), current_util, now, reason)
         if not replan:
             self.planned_util = r.max_util

@@ -4,35 +4,45 @@ directed link (load / capacity) is as low as possible, moving as few flows as po
 Pure arithmetic on indices: the caller (service.py) turns topology, path map and flows into an
 `Instance` and the chosen path indices back into source ports.
 
-- `plan`: largest-first greedy, then local improvement (single moves and two-move ejection
-  chains off the bottleneck links); the same improvement is also run from the flows' current
-  paths, and the better result wins (fewer moves on a tie), so a plan is never worse than
-  leaving the flows where ECMP put them.
-- `replan`: keeps every flow whose path is still usable, re-inserts the others largest first,
-  then improves with moves of already-displaced flows first. Improvement works in levels: a
-  level lowers the maximum utilisation or is rolled back, so a flow that was not displaced
-  moves only when that strictly lowers the maximum.
-- `lp_bound` / `milp_optimum` (HiGHS, benchmark and tests only): the LP relaxation over the
-  same candidate paths is the lower bound no plan can beat; the MILP is the integral optimum.
+- `Engine.plan`: largest-first greedy, then local improvement (moves and ejection chains off
+  the bottleneck links), then, while the budget lasts, large-neighbourhood search: the flows
+  on the busiest links and their neighbours are re-placed optimally by a small MILP (HiGHS)
+  with every other flow fixed. The same is run from the flows' current paths and the better
+  result wins (fewer moves on a tie), so a plan is never worse than leaving the flows where
+  ECMP put them.
+- `Engine.replan`: keeps every flow whose path is still usable, puts each displaced flow on
+  its best alternative (largest first), relieves what that overloads with moves of displaced
+  flows first, undoes every move the final maximum does not need, and, when more than the
+  displaced flows moved, asks a MILP over their neighbourhood for the fewest moves that reach
+  the same maximum.
+- The engine keeps, between plans, the split of each candidate list into the arcs all its
+  paths share and the arcs they differ on (model.Model hands an unchanged endpoint pair the
+  same list object), so a re-plan sets up its state with array operations only.
+- `lp_bound` / `milp_optimum` / `min_moves` (benchmark and tests): the LP relaxation over the
+  same candidate paths is the lower bound no plan can beat; the MILP is the integral optimum;
+  `min_moves` the fewest moves any assignment reaching a given maximum needs.
 """
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Sequence
 
+import highspy
 import numpy as np
 
 EPS = 1e-9
 CHUNK = 128  # flows scored per array step in the greedy
+HOOD = 1500  # flows one large-neighbourhood MILP may re-place
 
 
 @dataclass
 class Instance:
     """cap: capacity per directed link (arc); demand per flow; cand[f]: the distinct paths flow
     f may take, each a tuple of arc indices; base: load already on each arc from traffic the
-    plan does not place (flows with unknown paths)."""
+    plan does not place (flows with unknown paths). Flows between the same endpoints should
+    share one candidate list object: the engine splits each list once."""
 
     cap: np.ndarray
     demand: np.ndarray
@@ -46,7 +56,7 @@ class Instance:
                      else np.asarray(self.base, dtype=np.float64))
         if len(self.cand) != len(self.demand):
             raise ValueError("one candidate list per flow")
-        if any(not c for c in self.cand):
+        if not all(self.cand):
             raise ValueError("every flow needs at least one candidate path")
 
     @property
@@ -63,52 +73,73 @@ class Result:
 
 
 def loads(inst: Instance, assign: Sequence[int]) -> np.ndarray:
-    load = inst.base.astype(np.float64).copy()
-    for f, k in enumerate(assign):
-        for a in inst.cand[f][k]:
-            load[a] += inst.demand[f]
-    return load
+    paths = [c[k] for c, k in zip(inst.cand, assign)]
+    lens = np.fromiter(map(len, paths), dtype=np.intp, count=len(paths))
+    flat = np.fromiter(chain.from_iterable(paths), dtype=np.intp, count=int(lens.sum()))
+    return inst.base + np.bincount(flat, weights=np.repeat(inst.demand, lens),
+                                   minlength=len(inst.cap))
 
 
 def max_util(inst: Instance, assign: Sequence[int]) -> float:
     return float(np.max(loads(inst, assign) / inst.cap)) if len(inst.cap) else 0.0
 
 
+Split = tuple[tuple[int, ...], list[tuple[int, ...]]]
+
+
+def _split(paths: list[tuple[int, ...]]) -> Split:
+    """The arcs every path of a candidate list shares (their load is fixed) and, per path,
+    the arcs it varies on."""
+    p0 = paths[0]
+    common = set(p0).intersection(*paths[1:]) if len(paths) > 1 else set(p0)
+    if len(common) == 2 and p0[0] in common and p0[-1] in common and \
+            all(p[0] == p0[0] and p[-1] == p0[-1] for p in paths):
+        return (p0[0], p0[-1]), [p[1:-1] for p in paths]  # the usual case: shared NIC links
+    return tuple(common), [tuple(a for a in p if a not in common) for p in paths]
+
+
+class _On(dict[int, set[int]]):
+    """Arc -> the flows on it. After one bulk placement the sets are made on first use from
+    sorted arrays, so a state for 30,000 flows costs no Python loop over them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flows: np.ndarray | None = None
+        self.starts = np.zeros(1, dtype=np.intp)
+
+    def bulk(self, arcs: np.ndarray, owners: np.ndarray, n_arcs: int) -> None:
+        order = np.argsort(arcs, kind="stable")
+        self.flows = owners[order]
+        self.starts = np.searchsorted(arcs[order], np.arange(n_arcs + 1))
+
+    def __missing__(self, a: int) -> set[int]:
+        s = set() if self.flows is None else \
+            set(self.flows[self.starts[a]:self.starts[a + 1]].tolist())
+        self[a] = s
+        return s
+
+
 class _State:
     """Assignment + per-arc loads over the arcs that differ between a flow's candidates (the
-    arcs every candidate shares are constant and folded into `fixed`)."""
+    arcs every candidate shares are constant and folded into the fixed load)."""
 
-    def __init__(self, inst: Instance) -> None:
+    def __init__(self, inst: Instance, com: list[tuple[int, ...]],
+                 var: list[list[tuple[int, ...]]]) -> None:
         self.inst = inst
         n_arcs = len(inst.cap)
         self.inv = (1.0 / inst.cap).tolist()
-        fixed = inst.base.astype(np.float64).copy()
-        self.var: list[list[tuple[int, ...]]] = []
         self.d = inst.demand.tolist()
-        # flows between the same endpoints share one candidate list (model.build): split it
-        # into shared and varying arcs once
-        memo: dict[int, tuple[tuple[int, ...], list[tuple[int, ...]]]] = {}
-        arcs: list[int] = []
-        owners: list[int] = []
-        for f, paths in enumerate(inst.cand):
-            got = memo.get(id(paths))
-            if got is None:
-                p0 = paths[0]
-                common = set(p0).intersection(*paths[1:]) if len(paths) > 1 else set(p0)
-                if len(common) == 2 and p0[0] in common and p0[-1] in common and \
-                        all(p[0] == p0[0] and p[-1] == p0[-1] for p in paths):
-                    var = [p[1:-1] for p in paths]  # the usual case: shared NIC links
-                else:
-                    var = [tuple(a for a in p if a not in common) for p in paths]
-                got = memo[id(paths)] = (tuple(common), var)
-            arcs.extend(got[0])
-            owners.extend([f] * len(got[0]))
-            self.var.append(got[1])
-        np.add.at(fixed, np.array(arcs, dtype=np.intp), inst.demand[np.array(owners, dtype=np.intp)])
-        self.fixed_util = float(np.max(fixed / inst.cap)) if n_arcs else 0.0
-        self.load = fixed.tolist()
+        self.var = var
+        lens = np.fromiter(map(len, com), dtype=np.intp, count=len(com))
+        flat = np.fromiter(chain.from_iterable(com), dtype=np.intp, count=int(lens.sum()))
+        self.com = com
+        self.fixed = inst.base + np.bincount(flat, weights=np.repeat(inst.demand, lens),
+                                             minlength=n_arcs)
+        self.fixed_util = float(np.max(self.fixed / inst.cap)) if n_arcs else 0.0
+        self.load = self.fixed.tolist()
         self.assign = [-1] * inst.flows
-        self.on: defaultdict[int, set[int]] = defaultdict(set)  # arc -> flows on it
+        self.on = _On()
+        self.touched: set[int] = set()  # flows placed or lifted since the state was set up
         self.budget = 0
 
     def place(self, f: int, k: int) -> None:
@@ -117,6 +148,7 @@ class _State:
             self.load[a] += d
             self.on[a].add(f)
         self.assign[f] = k
+        self.touched.add(f)
 
     def lift(self, f: int) -> None:
         k = self.assign[f]
@@ -125,6 +157,34 @@ class _State:
             self.load[a] -= d
             self.on[a].discard(f)
         self.assign[f] = -1
+        self.touched.add(f)
+
+    def place_all(self, assign: Sequence[int]) -> None:
+        """Place every flow with `assign[f] >= 0` at once (a fresh state only)."""
+        keep = [f for f, k in enumerate(assign) if k >= 0]
+        for f in keep:
+            self.assign[f] = assign[f]
+        load = np.asarray(self.load)
+        self.load = self._add(keep, load).tolist()
+        self._index(keep)
+
+    def _add(self, flows: Sequence[int], load: np.ndarray) -> np.ndarray:
+        paths = [self.var[f][self.assign[f]] for f in flows]
+        lens = np.fromiter(map(len, paths), dtype=np.intp, count=len(paths))
+        flat = np.fromiter(chain.from_iterable(paths), dtype=np.intp, count=int(lens.sum()))
+        d = np.asarray(self.d)[np.asarray(flows, dtype=np.intp)] if flows else np.zeros(0)
+        return load + np.bincount(flat, weights=np.repeat(d, lens), minlength=len(load))
+
+    def _index(self, flows: Sequence[int]) -> None:
+        if self.on.flows is None and not self.on and len(flows) > 64:
+            paths = [self.var[f][self.assign[f]] for f in flows]
+            lens = np.fromiter(map(len, paths), dtype=np.intp, count=len(paths))
+            flat = np.fromiter(chain.from_iterable(paths), dtype=np.intp, count=int(lens.sum()))
+            self.on.bulk(flat, np.repeat(np.asarray(flows, dtype=np.intp), lens), len(self.inv))
+            return
+        for f in flows:
+            for a in self.var[f][self.assign[f]]:
+                self.on[a].add(f)
 
     def util(self) -> list[float]:
         return [x * i for x, i in zip(self.load, self.inv)]
@@ -132,6 +192,11 @@ class _State:
     def max_util(self) -> float:
         return max(max((x * i for x, i in zip(self.load, self.inv)), default=0.0),
                    self.fixed_util)
+
+    def moved(self, prev: Sequence[int] | None) -> list[int]:
+        if prev is None:
+            return list(range(len(self.assign)))
+        return sorted(f for f in self.touched if prev[f] != self.assign[f])
 
     def greedy(self, flows: Sequence[int], prefer: Sequence[int] | None = None) -> None:
         """Place `flows` largest first, each on the candidate whose busiest arc ends lowest
@@ -201,9 +266,8 @@ class _State:
                 if dirty.any():
                     queue = np.concatenate([idx[dirty], queue])
         self.load = load[:pad].tolist()
-        for f in flows:
-            for a in self.var[f][self.assign[f]]:
-                self.on[a].add(f)
+        self._index(flows)
+        self.touched.update(flows)
 
     # -- local improvement ------------------------------------------------------------------
     def _relieve(self, a: int, limit: float, free: set[int],
@@ -261,8 +325,49 @@ class _State:
     def _undo(self, journal: list[tuple[int, int]], mark: int) -> None:
         while len(journal) > mark:
             f, k = journal.pop()
-            self.lift(f)
-            self.place(f, k)
+            if self.assign[f] >= 0:
+                self.lift(f)
+            if k >= 0:
+                self.place(f, k)
+
+    def insert(self, flows: Sequence[int], level: float, deadline: float) -> bool:
+        """Place each of `flows` (unplaced; largest first) on the candidate that needs the
+        fewest other flows moved to keep every arc at or below `level`: what the placement
+        overloads is relieved by ejection chains that move `flows` and already moved flows
+        first (they count once however often they move). False when some flow fits nowhere
+        at `level`; it then goes where its busiest arc ends lowest."""
+        free = set(flows)
+        limit = level + max(EPS, level * 1e-9)
+        ok = True
+        for f in sorted(flows, key=lambda f: -self.d[f]):
+            best: tuple[tuple[int, float], int] | None = None
+            for k in range(len(self.var[f])):
+                if time.perf_counter() >= deadline:
+                    break
+                journal: list[tuple[int, int]] = []
+                if self._fit(f, k, limit, free, journal):
+                    cost = len({g for g, _ in journal if g not in free})
+                    worst = max((self.load[a] * self.inv[a] for a in self.var[f][k]),
+                                default=0.0)
+                    if best is None or (cost, worst) < best[0]:
+                        best = ((cost, worst), k)
+                self._undo(journal, 0)
+            if best is None:
+                ok = False
+                self.greedy([f])
+                continue
+            journal = []
+            self._fit(f, best[1], limit, free, journal)
+            free.update(g for g, _ in journal)
+        return ok
+
+    def _fit(self, f: int, k: int, limit: float, free: set[int],
+             journal: list[tuple[int, int]]) -> bool:
+        journal.append((f, -1))
+        self.place(f, k)
+        self.budget = 2000
+        over = [a for a in self.var[f][k] if self.load[a] * self.inv[a] >= limit]
+        return all(self._relieve(a, limit, free, journal, 2, {f}) for a in over)
 
     def improve(self, deadline: float, free: set[int] | None = None, depth: int = 3,
                 target: float = 0.0) -> None:
@@ -286,147 +391,358 @@ class _State:
             free.update(f for f, _ in journal)
 
 
-    def restore(self, prev: Sequence[int]) -> None:
+
+    def restore(self, prev: Sequence[int], deadline: float | None = None) -> None:
         """Undo moves the final maximum does not need: a moved flow goes back to its previous
-        path when that leaves every link at or below the maximum reached."""
-        level = self.max_util() + EPS
+        path when that leaves every arc at or below the maximum reached; with a `deadline`
+        (a re-plan, few moves) also when what that overloads can be relieved by moving only
+        flows that have moved anyway (an ejection chain that saves a move)."""
+        level = self.max_util()
+        limit = level + max(EPS, level * 1e-9)
         changed = True
         while changed:
             changed = False
-            for f, k in enumerate(prev):
-                cur = self.assign[f]
+            for f in sorted(self.touched):
+                k, cur = prev[f], self.assign[f]
                 if k < 0 or cur == k:
                     continue
                 d, mine = self.d[f], self.var[f][cur]
-                if all((self.load[a] + d) * self.inv[a] <= level
+                if all((self.load[a] + d) * self.inv[a] < limit
                        for a in self.var[f][k] if a not in mine):
                     self.lift(f)
                     self.place(f, k)
                     changed = True
+        if deadline is None:
+            return
+        moved = self.moved(prev)
+        for f in sorted(moved, key=lambda f: -self.d[f]):
+            if time.perf_counter() >= deadline:
+                return
+            k = prev[f]
+            if k < 0 or self.assign[f] == k:
+                continue
+            free = {g for g in moved if self.assign[g] != prev[g]} - {f}
+            journal = [(f, self.assign[f])]
+            self.lift(f)
+            if not self._fit(f, k, limit, free, journal) or \
+                    any(g not in free for g, _ in journal[2:]):
+                self._undo(journal, 0)
+
+    # -- large neighbourhoods (HiGHS) -------------------------------------------------------
+    def hood(self, seeds: Sequence[int], size: int) -> list[int]:
+        """`seeds` and, breadth first, the flows on the arcs their candidates use: the flows
+        whose moves can make room for them, up to `size`."""
+        out = dict.fromkeys(seeds)
+        frontier = list(out)
+        seen: set[int] = set()
+        while frontier and len(out) < size:
+            nxt = []
+            for f in frontier:
+                for p in self.var[f]:
+                    for a in p:
+                        if a in seen:
+                            continue
+                        seen.add(a)
+                        for g in sorted(self.on[a], key=lambda g: -self.d[g]):
+                            if g not in out:
+                                out[g] = None
+                                nxt.append(g)
+                if len(out) >= size:
+                    break
+            frontier = nxt
+        return list(out)[:max(size, len(seeds))]
+
+    def reassign(self, new: dict[int, int]) -> None:
+        for f, k in new.items():
+            if self.assign[f] != k:
+                if self.assign[f] >= 0:
+                    self.lift(f)
+                self.place(f, k)
+
+    def search(self, deadline: float, prev: Sequence[int] | None) -> None:
+        """Large-neighbourhood search: re-place the flows on some of the busiest arcs and
+        their neighbours optimally (min-max MILP, every other flow fixed); each success leaves
+        fewer arcs at the maximum, until it drops. A neighbourhood that cannot is enlarged
+        once, then the search stops (the maximum cannot drop while that arc stays)."""
+        size = 200
+        while time.perf_counter() < deadline - 0.01:
+            u = self.util()
+            top = max(u, default=0.0)
+            if top <= self.fixed_util + EPS:
+                break
+            seeds: dict[int, None] = {}
+            for a in sorted((a for a, x in enumerate(u) if x >= top - EPS), key=lambda a: -u[a]):
+                seeds.update(dict.fromkeys(self.on[a]))
+                if len(seeds) >= size // 2:
+                    break
+            got = sub_milp(self, self.hood(list(seeds), size), None, None, True,
+                           deadline - time.perf_counter(), hold=top)
+            if got is None or got[0] >= top - EPS:
+                if size >= HOOD:
+                    break
+                size = HOOD
+                continue
+            self.reassign(got[1])
+            self.improve(deadline)
+        if prev is not None:
+            self.restore(prev)
+
+    def fewest_moves(self, prev: Sequence[int], deadline: float) -> None:
+        """Replace the moves made so far by the fewest that keep every arc at or below the
+        maximum reached (MILP over the moved flows' neighbourhood, the rest fixed)."""
+        moved = self.moved(prev)
+        level = self.max_util()
+        free = self.hood(moved, max(4 * len(moved), 200))
+        got = sub_milp(self, free, level, prev, True, deadline - time.perf_counter())
+        if got is None:
+            return
+        journal = [(f, self.assign[f]) for f in got[1]]
+        before = len(moved)
+        self.reassign(got[1])
+        if len(self.moved(prev)) >= before or self.max_util() > level + EPS:
+            self.reassign(dict(journal))  # not better after all (rounding): keep the moves
 
 
-def _result(inst: Instance, st: _State, prev: Sequence[int] | None, t0: float) -> Result:
-    moved = [f for f, k in enumerate(st.assign) if prev is None or prev[f] != k]
-    return Result(list(st.assign), st.max_util(), moved, time.perf_counter() - t0)
+def _result(st: _State, prev: Sequence[int] | None, t0: float) -> Result:
+    return Result(list(st.assign), st.max_util(), st.moved(prev), time.perf_counter() - t0)
+
+
+class Engine:
+    """The optimiser as the aggregator keeps it between plans: the split of each candidate
+    list (by list object; model.Model gives an unchanged endpoint pair the same one) is
+    computed once, and the state of the last plan is kept: when the next one is for the same
+    flows (`keys`), only the flows whose candidates or demand changed, the arcs whose base
+    load or capacity changed and the flows whose path differs from `prev` are updated."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, tuple[list[tuple[int, ...]], Split]] = {}
+        self.last: _State | None = None
+        self.keys: list[object] | None = None
+
+    def split(self, c: list[tuple[int, ...]]) -> Split:
+        got = self.memo.get(id(c))
+        if got is None or got[0] is not c:
+            got = self.memo[id(c)] = (c, _split(c))
+        return got[1]
+
+    def state(self, inst: Instance) -> _State:
+        """A fresh state, nothing placed."""
+        ids = list(map(id, inst.cand))
+        fresh: dict[int, tuple[list[tuple[int, ...]], Split]] = {}
+        for i, c in zip(ids, inst.cand):
+            if i in fresh:
+                continue
+            got = self.memo.get(i)
+            fresh[i] = got if got is not None and got[0] is c else (c, _split(c))
+        self.memo = fresh  # holds the lists, so an id is not reused while it is a key
+        return _State(inst, [fresh[i][1][0] for i in ids], [fresh[i][1][1] for i in ids])
+
+    def _carry(self, inst: Instance, keys: list[object] | None) -> _State | None:
+        """The last state brought up to `inst`, when `inst` has the same flows in the same
+        order; None otherwise."""
+        st = self.last
+        if st is None or keys is None or keys != self.keys or len(st.inst.cap) != len(inst.cap):
+            return None
+        old = st.inst
+        changed = {f for f, (a, b) in enumerate(zip(old.cand, inst.cand)) if a is not b}
+        changed.update(np.flatnonzero(old.demand != inst.demand).tolist())
+        new_d = inst.demand.tolist()
+        for f in changed:
+            if st.assign[f] >= 0:
+                st.lift(f)
+            d = new_d[f]
+            for a in st.com[f]:
+                st.fixed[a] -= st.d[f]
+                st.load[a] -= st.d[f]
+            st.com[f], st.var[f] = self.split(inst.cand[f])
+            st.d[f] = d
+            for a in st.com[f]:
+                st.fixed[a] += d
+                st.load[a] += d
+        for a in np.flatnonzero(inst.base != old.base).tolist():
+            delta = float(inst.base[a] - old.base[a])
+            st.fixed[a] += delta
+            st.load[a] += delta
+        if not np.array_equal(inst.cap, old.cap):
+            st.inv = (1.0 / inst.cap).tolist()
+        st.fixed_util = float(np.max(st.fixed / inst.cap))
+        st.inst = inst
+        return st
+
+    def _begin(self, inst: Instance, prev: Sequence[int], keys: list[object] | None) -> _State:
+        st = self._carry(inst, keys)
+        if st is None:
+            st = self.state(inst)
+            st.place_all(prev)
+        else:
+            for f in [f for f, (a, k) in enumerate(zip(st.assign, prev)) if a != k]:
+                if st.assign[f] >= 0:
+                    st.lift(f)
+                if prev[f] >= 0:
+                    st.place(f, prev[f])
+        st.touched = set()
+        self.last, self.keys = st, keys
+        return st
+
+    def plan(self, inst: Instance, current: Sequence[int] | None = None,
+             budget_s: float = 0.5, keys: list[object] | None = None) -> Result:
+        """A full plan. `current[f]`: the candidate flow f uses now (-1: unknown); `moved`
+        counts flows whose path changes against it. Greedy from scratch (ties keep the current
+        path), improvement, then large-neighbourhood search in what is left of the budget;
+        when the flows' current paths are all known and that placement is no worse, the same
+        search from it competes, so a plan is never worse than leaving the flows where they
+        are, and moves only what lowers the maximum. `keys` (one per flow, e.g. flow ids) let
+        the next re-plan start from this plan's state."""
+        t0 = time.perf_counter()
+        deadline = t0 + budget_s
+        complete = current is not None and all(k >= 0 for k in current)
+        st = self.state(inst)
+        st.greedy(range(inst.flows), current)
+        st.improve(deadline)
+        if current is not None:
+            st.restore(current)
+        # the search from scratch gets half of what is left when the current placement
+        # competes
+        mid = deadline if not complete else (time.perf_counter() + deadline) / 2
+        st.search(mid, current)
+        best = _result(st, current, t0)
+        self.last, self.keys = st, keys
+        if complete and current is not None and \
+                max_util(inst, current) <= best.max_util + EPS:
+            self.last = None  # the search from the current paths needs a state of its own
+            kept = self.replan(inst, current, max(0.0, deadline - time.perf_counter()),
+                               search=True, keys=keys)
+            if kept.max_util <= best.max_util + EPS:
+                best = kept
+            else:
+                self.last = st
+        best.seconds = time.perf_counter() - t0
+        return best
+
+    def replan(self, inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
+               target: float = 0.0, search: bool = False,
+               keys: list[object] | None = None) -> Result:
+        """Re-plan from `prev` (per flow: candidate index, -1 where the old path is no longer
+        usable or unknown): displaced flows go on their best alternative largest first, then
+        improvement relieves overloaded arcs, moving displaced flows first; every other flow
+        moves only to lower the maximum utilisation, and not at all once it is at or below
+        `target` (a re-plan after a failure restores the utilisation the plan had before it;
+        a full plan improves further, with large-neighbourhood search when `search`). Moves
+        the final maximum does not need are undone; when more than the displaced flows
+        moved, a MILP over their neighbourhood looks for fewer moves. With the `keys` of the
+        last plan, its state is carried over instead of set up again."""
+        t0 = time.perf_counter()
+        deadline = t0 + max(budget_s, 0.0)
+        prev = [k if 0 <= k < len(inst.cand[f]) else -1 for f, k in enumerate(prev)]
+        st = self._begin(inst, prev, keys)
+        displaced = [f for f, k in enumerate(prev) if k < 0]
+        st.insert(displaced, max(target, st.max_util()), deadline)
+        st.improve(deadline, set(st.moved(prev)), target=target)
+        if search:
+            st.search(deadline, prev)
+        st.restore(prev, deadline)
+        if len(st.moved(prev)) > len(displaced) and time.perf_counter() < deadline - 0.01:
+            st.fewest_moves(prev, deadline)
+        return _result(st, prev, t0)
 
 
 def plan(inst: Instance, current: Sequence[int] | None = None,
          budget_s: float = 0.5) -> Result:
-    """A full plan. `current[f]`: the candidate flow f uses now (-1: unknown); `moved` counts
-    flows whose path changes against it. Greedy from scratch (ties keep the current path),
-    then improvement; when the flows' current paths are all known and that placement is no
-    worse, improvement starts from it instead, so a plan is never worse than leaving the flows
-    where they are, and moves only what lowers the maximum."""
-    t0 = time.perf_counter()
-    st = _State(inst)
-    st.greedy(range(inst.flows), current)
-    st.improve(t0 + budget_s)
-    if current is not None:
-        st.restore(current)
-    best = _result(inst, st, current, t0)
-    if current is not None and all(k >= 0 for k in current) and \
-            max_util(inst, current) <= best.max_util + EPS:
-        kept = replan(inst, current, max(0.0, t0 + budget_s - time.perf_counter()))
-        if kept.max_util <= best.max_util + EPS:
-            best = kept
-    best.seconds = time.perf_counter() - t0
-    return best
+    """A full plan with a fresh engine (Engine.plan)."""
+    return Engine().plan(inst, current, budget_s)
 
 
 def replan(inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
            target: float = 0.0) -> Result:
-    """Re-plan from `prev` (per flow: candidate index, -1 where the old path is no longer
-    usable or unknown): displaced flows are placed largest first, then improvement prefers
-    moving them; every other flow moves only to lower the maximum utilisation, and not at all
-    once it is at or below `target` (a re-plan after a failure restores the utilisation the
-    plan had before it with the fewest moves; a full plan improves further)."""
-    t0 = time.perf_counter()
-    st = _State(inst)
-    displaced = []
-    for f, k in enumerate(prev):
-        if 0 <= k < len(inst.cand[f]):
-            st.place(f, k)
-        else:
-            displaced.append(f)
-    st.greedy(displaced)
-    st.improve(t0 + max(budget_s, 0.0), set(displaced), target=target)
-    st.restore(prev)
-    return _result(inst, st, prev, t0)
+    """A re-plan with a fresh engine (Engine.replan)."""
+    return Engine().replan(inst, prev, budget_s, target)
 
 
-# -- bounds (HiGHS; benchmark and tests) ------------------------------------------------------
-def _classes(inst: Instance, by_demand: bool) -> tuple[list[list[tuple[int, ...]]], list[float],
-                                                       list[int]]:
-    """Flows with the same candidate paths (and, for the MILP, the same demand) are one class:
-    exact for the LP, and for the MILP the flows of a class are interchangeable."""
-    idx: dict[tuple[tuple[tuple[int, ...], ...], float | None], int] = {}
-    paths: list[list[tuple[int, ...]]] = []
-    dem: list[float] = []
-    count: list[int] = []
-    for f, c in enumerate(inst.cand):
-        key = (tuple(sorted(c)), float(inst.demand[f]) if by_demand else None)
-        i = idx.get(key)
-        if i is None:
-            i = idx[key] = len(paths)
-            paths.append(list(key[0]))
-            dem.append(0.0)
-            count.append(0)
-        dem[i] += float(inst.demand[f])
-        count[i] += 1
-    return paths, dem, count
-
-
-def _solve(inst: Instance, integral: bool, time_limit: float) -> tuple[float | None, str]:
-    import highspy
-
-    # HiGHS' absolute tolerances need values near 1: measure in units of the largest link
+# -- MILPs (HiGHS) ----------------------------------------------------------------------------
+def sub_milp(st: _State, free: Sequence[int], level: float | None,
+             prev: Sequence[int] | None, integral: bool, time_limit: float,
+             hold: float | None = None) -> tuple[float, dict[int, int], bool] | None:
+    """Re-place the flows in `free` over their candidates, every other flow where it is.
+    `level` None: minimise the maximum utilisation (returned); with `hold`, arcs the fixed
+    flows alone keep at `hold` or above only must not rise above it and are left out of the
+    maximum (so the value says whether the other arcs got below `hold`); else: keep every arc at or
+    below `level` and minimise the flows of `free` that leave `prev` (the count is returned;
+    prev -1 counts as moved). Flows with the same candidate list, demand (integral) and
+    previous path are one integer class. Returns the value (the maximum over the arcs the
+    free flows may use, or the number of moves), each free flow's candidate (integral only)
+    and whether HiGHS proved it optimal; None when it finds no solution in `time_limit`."""
+    if time_limit <= 0 or not free:
+        return None
+    inst = st.inst
     scale = 1.0 / float(np.max(inst.cap))
-    inst = Instance(inst.cap * scale, inst.demand * scale, inst.cand, inst.base * scale)
-    paths, dem, count = _classes(inst, integral)
-    n_arcs = len(inst.cap)
-    cols_start, cols_index, cols_value = [0], [], []
-    lower, upper, cost, integ = [], [], [], []
-    # column z: sum-of-arc rows get -cap*z
-    for a in range(n_arcs):
-        cols_index.append(a)
-        cols_value.append(-float(inst.cap[a]))
-    cols_start.append(len(cols_index))
-    lower.append(0.0)
-    upper.append(highspy.kHighsInf)
-    cost.append(1.0)
-    integ.append(highspy.HighsVarType.kContinuous)
-    for c, ps in enumerate(paths):
-        unit = dem[c] / count[c] if integral else 1.0
-        for p in ps:
-            for a in sorted(set(p)):
-                cols_index.append(a)
-                cols_value.append(unit)
-            cols_index.append(n_arcs + c)
-            cols_value.append(1.0)
-            cols_start.append(len(cols_index))
+    cap = inst.cap * scale
+    rest = np.asarray(st.load) * scale
+    classes: dict[tuple[int, float, int], list[int]] = {}
+    for f in free:
+        k = st.assign[f]
+        if k >= 0:
+            for a in st.var[f][k]:
+                rest[a] -= st.d[f] * scale
+        key = (id(st.var[f]), st.d[f] if integral else 0.0, prev[f] if prev is not None else -1)
+        classes.setdefault(key, []).append(f)
+    rows: dict[int, int] = {}
+    for members in classes.values():
+        for p in st.var[members[0]]:
+            for a in p:
+                rows.setdefault(a, len(rows))
+    n_rows = len(rows)
+    arc_of = np.fromiter(rows, dtype=np.intp, count=n_rows)
+    start, index, value, lower, upper, cost, warm = [0], [], [], [], [], [], []
+    minmax = level is None
+    stuck = np.zeros(n_rows, dtype=bool)
+    if minmax:  # the column z: every arc row gets -cap * z
+        if hold is not None:
+            stuck = rest[arc_of] >= (hold - EPS) * cap[arc_of]
+        live = np.flatnonzero(~stuck)
+        index.extend(live.tolist())
+        value.extend((-cap[arc_of[live]]).tolist())
+        start.append(len(index))
+        lower.append(st.fixed_util)  # no arc goes below its fixed load
+        upper.append(highspy.kHighsInf)
+        cost.append(1.0)
+        warm.append(float(np.max(np.asarray(st.load)[arc_of[live]] * scale / cap[arc_of[live]],
+                                 initial=st.fixed_util)))
+    cols: list[tuple[list[int], int]] = []
+    for c, ((_, dem, pk), members) in enumerate(classes.items()):
+        unit = dem * scale if integral else 1.0
+        total = float(len(members)) if integral else sum(st.d[f] for f in members) * scale
+        for k, p in enumerate(st.var[members[0]]):
+            index.extend(rows[a] for a in sorted(set(p)))
+            value.extend([unit] * len(set(p)))
+            index.append(n_rows + c)
+            value.append(1.0)
+            start.append(len(index))
             lower.append(0.0)
-            upper.append(float(count[c]) if integral else dem[c])
-            cost.append(0.0)
-            integ.append(highspy.HighsVarType.kInteger if integral
-                         else highspy.HighsVarType.kContinuous)
-    base = inst.base
-    row_lo = [-highspy.kHighsInf] * n_arcs + [float(count[c]) if integral else dem[c]
-                                             for c in range(len(paths))]
-    row_hi = [-float(base[a]) for a in range(n_arcs)] + row_lo[n_arcs:]
+            upper.append(total)
+            cost.append(-1.0 if not minmax and k == pk else 0.0)
+            warm.append(float(sum(1 for f in members if st.assign[f] == k)))
+            cols.append((members, k))
     lp = highspy.HighsLp()
     lp.num_col_ = len(cost)
-    lp.num_row_ = len(row_lo)
+    lp.num_row_ = n_rows + len(classes)
     lp.col_cost_ = np.array(cost)
     lp.col_lower_ = np.array(lower)
     lp.col_upper_ = np.array(upper)
-    lp.row_lower_ = np.array(row_lo)
-    lp.row_upper_ = np.array(row_hi)
+    if level is None:
+        arc_hi = np.where(stuck, (hold or 0.0) * cap[arc_of], 0.0) - rest[arc_of]
+    else:
+        arc_hi = level * cap[arc_of] - rest[arc_of] + 1e-9
+    totals = [float(len(m)) if integral else sum(st.d[f] for f in m) * scale
+              for m in classes.values()]
+    lp.row_lower_ = np.r_[np.full(n_rows, -highspy.kHighsInf), totals]
+    lp.row_upper_ = np.r_[arc_hi, totals]
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.array(cols_start, dtype=np.int32)
-    lp.a_matrix_.index_ = np.array(cols_index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(cols_value)
+    lp.a_matrix_.start_ = np.array(start, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(value)
     if integral:
-        lp.integrality_ = integ
+        lp.integrality_ = ([highspy.HighsVarType.kContinuous] if minmax else []) + \
+            [highspy.HighsVarType.kInteger] * len(cols)
     h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
@@ -434,66 +750,65 @@ def _solve(inst: Instance, integral: bool, time_limit: float) -> tuple[float | N
     if integral:
         h.setOptionValue("mip_rel_gap", 1e-6)
     h.passModel(lp)
+    if integral and all(k >= 0 for k in (st.assign[f] for f in free)):
+        sol = highspy.HighsSolution()
+        sol.col_value = warm
+        h.setSolution(sol)
     h.run()
-    status = h.modelStatusToString(h.getModelStatus())
-    if status != "Optimal":
-        return None, status
-    return float(h.getInfo().objective_function_value), status
+    if h.getInfo().primal_solution_status != 2:  # no feasible point
+        return None
+    optimal = h.modelStatusToString(h.getModelStatus()) == "Optimal"
+    x = h.getSolution().col_value
+    obj = float(h.getInfo().objective_function_value) + (0 if minmax else len(free))
+    if not integral:
+        return obj, {}, optimal
+    new: dict[int, int] = {}
+    x = x[1:] if minmax else x
+    by_class: dict[int, list[tuple[int, int]]] = {}
+    for (members, k), v in zip(cols, x):
+        n = int(round(v))
+        if n:
+            by_class.setdefault(id(members), []).append((k, n))
+    for members in classes.values():
+        want = dict(by_class.get(id(members), []))
+        if sum(want.values()) != len(members):
+            return None
+        rest_m = []
+        for f in members:  # members that may stay, stay
+            k = st.assign[f]
+            if k >= 0 and want.get(k, 0) > 0:
+                want[k] -= 1
+                new[f] = k
+            else:
+                rest_m.append(f)
+        ks = [k for k, n in want.items() for _ in range(n)]
+        new.update(zip(rest_m, ks))
+    return obj, new, optimal
+
+
+def _bound(inst: Instance, integral: bool, time_limit: float) -> float | None:
+    st = Engine().state(inst)
+    got = sub_milp(st, range(inst.flows), None, None, integral, time_limit)
+    return max(got[0], st.fixed_util) if got is not None and got[2] else None
 
 
 def lp_bound(inst: Instance, time_limit: float = 60.0) -> float | None:
     """The LP relaxation's maximum utilisation: no plan over these candidates goes lower."""
-    return _solve(inst, False, time_limit)[0]
+    return _bound(inst, False, time_limit)
 
 
 def milp_optimum(inst: Instance, time_limit: float = 60.0) -> float | None:
     """The integral optimum, None when HiGHS does not prove it within `time_limit`."""
-    return _solve(inst, True, time_limit)[0]
+    return _bound(inst, True, time_limit)
 
 
 def min_moves(inst: Instance, prev: Sequence[int], level: float,
               time_limit: float = 10.0) -> int | None:
     """The fewest flows any assignment with maximum utilisation <= `level` must move away
     from `prev` (-1: displaced, counts as moved), or None when HiGHS does not prove it in
-    time. The benchmark compares a re-plan's moves with this."""
-    import highspy
-
-    scale = 1.0 / float(np.max(inst.cap))
-    cap, dem, base = (np.asarray(inst.cap * scale), np.asarray(inst.demand * scale),
-                      np.asarray(inst.base * scale))
-    n_arcs = len(cap)
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("threads", 1)
-    rows: list[list[tuple[int, float]]] = [[] for _ in range(n_arcs)]
-    col = 0
-    lower, upper, cost = [], [], []
-    flow_cols: list[list[int]] = []
-    for f, paths in enumerate(inst.cand):
-        mine = []
-        for k, p in enumerate(paths):
-            cost.append(0.0 if k == prev[f] else 1.0)
-            lower.append(0.0)
-            upper.append(1.0)
-            for a in set(p):
-                rows[a].append((col, float(dem[f])))
-            mine.append(col)
-            col += 1
-        flow_cols.append(mine)
-    h.addVars(col, np.array(lower), np.array(upper))
-    h.changeColsCost(col, np.arange(col, dtype=np.int32), np.array(cost))
-    h.changeColsIntegrality(col, np.arange(col, dtype=np.int32),
-                            np.array([highspy.HighsVarType.kInteger] * col))
-    for cols in flow_cols:
-        h.addRow(1.0, 1.0, len(cols), np.array(cols, dtype=np.int32), np.ones(len(cols)))
-    for a, entries in enumerate(rows):
-        if entries:
-            idx = np.array([c for c, _ in entries], dtype=np.int32)
-            val = np.array([v for _, v in entries])
-            h.addRow(-highspy.kHighsInf, float(level * cap[a] - base[a]) + 1e-9, len(idx),
-                     idx, val)
-    h.run()
-    if h.modelStatusToString(h.getModelStatus()) != "Optimal":
-        return None
-    return int(round(h.getInfo().objective_function_value))
+    time. The benchmark and tests compare a re-plan's moves with this."""
+    st = Engine().state(inst)
+    prev = [k if 0 <= k < len(inst.cand[f]) else -1 for f, k in enumerate(prev)]
+    st.place_all(prev)
+    got = sub_milp(st, range(inst.flows), level, prev, True, time_limit)
+    return int(round(got[0])) if got is not None and got[2] else None
