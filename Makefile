@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 
-.PHONY: setup demo test test-unit test-root bench plugin clean
+.PHONY: setup demo test test-unit test-root bench plugin fuzz clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,12 @@ test-unit: setup
 
 test-root: setup
 	$(PY) -m pytest -m root $(PYTEST_ARGS)
+
+# Coverage-guided fuzzing (atheris) of the wire decoder, ingest, the plugin datagram decoder and
+# the nccl collector: FUZZ_SECONDS per target (default 300); prints executions and crashes.
+# `make test` runs a 3-second pass of each (tests/fuzz/test_fuzz.py).
+fuzz: setup
+	$(PY) -m tests.fuzz.run --seconds $${FUZZ_SECONDS:-300}
 
 bench: setup
 	@bash bench/run.sh
