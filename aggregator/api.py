@@ -20,12 +20,14 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from . import openapi
 from .ingest import Ingest
 from .ui import PAGE
 
 log = logging.getLogger("c4.aggregator.api")
 
 
+POST_PATHS = ("/api/v1/plan/apply",)  # every other route is GET only
 INCIDENT_ID = re.compile(r"[0-9]{1,18}")
 # Idle or slow HTTP clients must not hold threads and file descriptors (the same descriptors
 # ZeroMQ needs to accept agents): each connection gets this long per read or write, and at most
@@ -116,6 +118,8 @@ class Api:
                 if h is None:
                     raise NotFound(f"no host named {rest[0]!r}")
                 return h.detail(now)
+            if what == "openapi.json" and not rest:
+                return openapi.spec()
             if what == "stats" and not rest:
                 return self.stats()
             if what == "incidents" and not rest:
@@ -209,13 +213,31 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             if url.path == "/metrics":
                 self._send(200, generate_latest(api.metrics), "text/plain; version=0.0.4")
                 return
-            self._answer(lambda: api.get(url.path, parse_qs(url.query)))
+            if url.path.rstrip("/") in POST_PATHS:
+                self._not_allowed()
+                return
+            # Blank values kept: `?state=` is a bad state (400), not no state.
+            self._answer(lambda: api.get(url.path, parse_qs(url.query, keep_blank_values=True)))
 
         def do_POST(self) -> None:  # noqa: N802
+            if urlsplit(self.path).path.rstrip("/") not in POST_PATHS:
+                self._not_allowed()
+                return
             def call() -> Any:
                 require_token(self.headers.get("Authorization"), api.token)  # before the body
                 return api.post(urlsplit(self.path).path, self._json_body())
             self._answer(call)
+
+        def __getattr__(self, name: str) -> Any:
+            # Any other method (PUT, DELETE, TRACE, ...): 405 in JSON, not http.server's 501.
+            if name.startswith("do_"):
+                return self._not_allowed
+            raise AttributeError(name)
+
+        def _not_allowed(self) -> None:
+            allow = "POST" if urlsplit(self.path).path.rstrip("/") in POST_PATHS else "GET"
+            self._send(405, json.dumps({"error": f"method {self.command} not allowed"}).encode(),
+                       "application/json", {"Allow": allow})
 
         def _json_body(self) -> dict[str, Any]:
             try:
