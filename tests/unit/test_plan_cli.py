@@ -27,7 +27,7 @@ def test_plan_route_and_cli_show_current_and_proposed_loads(capsys):
     core, api, t = aggregator()
     same = colliding(core.planner, t)
     for sp in list(range(41000, 41016)) + same:
-        core.planner.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+        core.planner.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
                                    t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
                                                29500), 1.0)
     httpd = serve(api, "127.0.0.1:0")
@@ -65,7 +65,7 @@ def test_plan_apply_needs_the_token_and_queues_plan_frames(capsys, monkeypatch):
     core, api, t = aggregator()
     same = colliding(core.planner, t)
     for sp in list(range(41000, 41016)) + same:
-        core.planner.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
+        core.planner.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
                                    t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp,
                                                29500), 1.0)
     api.token = "s3cret"
