@@ -54,12 +54,14 @@ def join(group: Path, pid: int) -> None:
 
 def starve(prefix: str, name: str, pids: list[int], percent: float) -> Path:
     """Move `pids` into a group limited to `percent` of one CPU; returns the group."""
-    quota = max(int(PERIOD_US * percent / 100), 1000)
+    # the kernel's smallest quota is 1 ms: below 10 % the period grows instead
+    period = max(PERIOD_US, int(1000 * 100 / percent))
+    quota = max(int(period * percent / 100), 1000)
     v1 = v1_cpu_root()
     if v1 is not None:
         group = v1 / top(prefix) / name
         group.mkdir(parents=True, exist_ok=True)
-        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_period_us").write_text(str(period))
         (group / "cpu.cfs_quota_us").write_text(str(quota))
     else:
         root = v2_root()
@@ -71,7 +73,7 @@ def starve(prefix: str, name: str, pids: list[int], percent: float) -> Path:
         (parent / "cgroup.subtree_control").write_text("+cpu")
         group = parent / name
         group.mkdir(exist_ok=True)
-        (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+        (group / "cpu.max").write_text(f"{quota} {period}")
     for pid in pids:
         join(group, pid)
     return group

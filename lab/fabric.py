@@ -22,6 +22,7 @@ withdrawal a routed fabric does). The recipe is the measured one of design.md:
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import re
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from pyroute2.ethtool import Ethtool
+from pyroute2.netlink.exceptions import NetlinkError
 
 from c4.core.topology import Topology, access_link_id, endpoint, fabric_link_id
 
@@ -388,7 +390,11 @@ def sync_ns_routes(ipr: Any, routes: list[Route]) -> None:
     for r in ipr.get_routes(table=254, proto=RTPROT_LAB):
         dst = f"{r.get_attr('RTA_DST')}/{r['dst_len']}"
         if dst not in want:
-            ipr.route("del", dst=dst, table=254, proto=RTPROT_LAB)
+            try:
+                ipr.route("del", dst=dst, table=254, proto=RTPROT_LAB)
+            except NetlinkError as exc:
+                if exc.code != errno.ESRCH:  # gone with its link meanwhile
+                    raise
     for r in routes:
         hops = [(gw, index(dev)) for gw, dev in r.hops]
         hops = [(gw, i) for gw, i in hops if i is not None]

@@ -8,7 +8,7 @@
 | flap | link | a process taking it down `down_s` and up `up_s`, repeatedly | stop it, up, routes back |
 | nicdown | host or host/dev | the host end of the NIC's cable down (the port's carrier goes, its routes go) | up, routes back |
 | hang | rank or host | SIGSTOP the rank(s) of the running job | SIGCONT |
-| straggler | rank or host | the rank(s) into a cgroup limited to `cpu` % of a CPU | back out |
+| straggler | rank or host | the rank(s) into a cgroup limited to `cpu` % of a CPU (default 2) | back out |
 
 A link is a topology link id: `leaf01-spine00` (fabric) or `node003/mlx5_0-leaf01` (access);
 `ab` is the direction from the link's `a` end (host NIC / leaf) to its `b` end (leaf / spine).
@@ -40,7 +40,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "loss": {"percent": 5.0, "direction": "both"},
     "slow": {"mbit": 10.0},
     "flap": {"down_s": 1.0, "up_s": 3.0},
-    "straggler": {"cpu": 10.0},
+    "straggler": {"cpu": 2.0},
 }
 
 

@@ -1,9 +1,9 @@
 """`c4 lab run`: a data-parallel job whose collective is a ring AllReduce over TCP between
 ranks in the lab's host namespaces, reporting through the real c4 NCCL profiler plugin.
 
-Each training step is `compute` (CPU work, so a starved rank really is late) then the
-AllReduce of `payload` bytes in `buckets` collectives (as DDP reduces gradients in buckets),
-each split over C channels. Channel c runs its own ring (a different
+Each training step reduces `payload` bytes in `buckets` collectives, each after its share of
+`compute` (CPU work, so a starved rank really is late), as DDP reduces a bucket of gradients
+once the backward pass has produced it; each collective is split over C channels. Channel c runs its own ring (a different
 stride over the ranks, so a rank talks to several peers, as NCCL's channels over several NICs
 do) with one TCP connection per hop, 2(n-1) chunk steps of payload/(C n) bytes. Per step and
 connection the protocol is NCCL's in miniature:
@@ -391,17 +391,19 @@ class Rank:
         step = 0
         while self.cfg.steps == 0 or step < self.cfg.steps:
             t0 = time.monotonic()
-            compute(self.cfg.compute_ms / 1000)
             if self.rank == 0:
                 ctl = self.control()
                 if ctl is not None:
                     self.known = max(self.known, int(ctl.get("epoch", 0)))
             if self.plan_changed():
                 self.known = max(self.known, self.epoch + 1)
-            t1 = time.monotonic()
+            comm_s = 0.0
             for b in range(self.cfg.buckets):
+                # like DDP's backward pass: a bucket is reduced once its gradients are computed
+                compute(self.cfg.compute_ms / 1000 / self.cfg.buckets)
+                t1 = time.monotonic()
                 self.allreduce(step * self.cfg.buckets + b)
-            t2 = time.monotonic()
+                comm_s += time.monotonic() - t1
             reconnected = False
             if self.known > self.epoch:
                 self.close_all()
@@ -411,8 +413,8 @@ class Rank:
             if steps_log is not None:
                 steps_log.write(json.dumps({
                     "step": step, "t": time.time(), "step_s": round(time.monotonic() - t0, 4),
-                    "allreduce_s": round(t2 - t1, 4),
-                    "busbw_mbit": round(busbw_mbit(self.cfg.payload, t2 - t1, self.n), 2),
+                    "allreduce_s": round(comm_s, 4),
+                    "busbw_mbit": round(busbw_mbit(self.cfg.payload, comm_s, self.n), 2),
                     "epoch": self.epoch, "reconnected": reconnected}) + "\n")
                 steps_log.flush()
             step += 1

@@ -98,8 +98,9 @@ def test_connections_take_the_path_the_map_says(lab: LabState, ring: str) -> Non
             continue
         ns = fab.ns(a.leaf)
         rules = "".join(
-            f"table netdev c4lab_pt{i} {{ chain c {{ type filter hook egress device \"s{i}\" "
-            f"priority 0; tcp sport {c['sport']} counter; }} }}\n" for i in range(len(topo.spines)))
+            f"table netdev c4lab_pt{i} {{\n chain c {{\n  type filter hook egress device "
+            f"\"s{i}\" priority 0;\n  tcp sport {c['sport']} counter\n }}\n}}\n"
+            for i in range(len(topo.spines)))
         netns.run(ns, "nft", "-f", "-", input=rules)
         time.sleep(2)
         counts = []
