@@ -119,6 +119,7 @@ class Model:
         self.pids: dict[tuple[str, int], tuple[str, int]] = {}  # (host, pid) -> (comm, rank)
         self.reported: dict[str, float] = {}  # host -> arrival of its latest report
         self.flows: dict[str, dict[str, list[int]]] = {}  # job -> host -> [flows, retrans]
+        self.flow_jobs: dict[str, set[str]] = {}  # host -> jobs it has flows of (in self.flows)
         self.addrs: dict[str, tuple[str, str | None]] = {}  # IP -> (host, netdev)
         self.paths: PathSource | None = None  # learned paths, where the topology has none
         self.now = 0.0
@@ -339,10 +340,13 @@ class Model:
             acc = per_job.setdefault(job, [0, 0])
             acc[0] += 1
             acc[1] += int(f.get("retrans_segs_delta", 0) or 0)
-        for hosts in self.flows.values():
-            hosts.pop(host, None)
+        # only the jobs this host had flows of: the cost of a report must not grow with the
+        # number of jobs in the cluster
+        for job in self.flow_jobs.pop(host, ()):
+            self.flows.get(job, {}).pop(host, None)
         for job, acc in per_job.items():
             self.flows.setdefault(job, {})[host] = acc
+        self.flow_jobs[host] = set(per_job)
 
 
 def bare_addr(addr: str) -> str:

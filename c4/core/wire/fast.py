@@ -19,6 +19,7 @@ its kind keeps the reference path (`FAST_KINDS` lists those that have a fast one
 from __future__ import annotations
 
 import sys
+from operator import methodcaller
 from typing import Annotated, Any, Callable, Literal, Optional
 
 import msgspec
@@ -123,36 +124,65 @@ class _Miss(Exception):
 
 
 Check = Callable[[Any], None]
+# Per pattern (Str spec): the strings known to match it, and a check that learns new ones.
+# None is in every set: msgspec has checked the types, so a None is an absent optional field
+# (dict.get) or a nil where the spec allows one, never a string.
+_NAMES: dict[int, tuple[set[str | None], Check]] = {}
 
 
-def _names(spec: Str) -> tuple[set[str], Check]:
-    ok: set[str] = set()
-    match = spec._match
+def _names(spec: Str) -> tuple[set[str | None], Check]:
+    if id(spec) not in _NAMES:
+        ok: set[str | None] = {None}
+        match = spec._match
 
-    def check(v: Any) -> None:
-        if v not in ok:
-            if not match(v):
-                raise _Miss
-            if len(ok) >= NAMES_CACHED:
-                ok.clear()  # a peer inventing names costs regex matches, never memory
-            ok.add(v)
-    return ok, check
+        def check(v: Any) -> None:
+            if v not in ok:
+                if not match(v):
+                    raise _Miss
+                if len(ok) >= NAMES_CACHED:  # a peer inventing names costs matches, not memory
+                    ok.clear()
+                    ok.add(None)
+                ok.add(v)
+        _NAMES[id(spec)] = (ok, check)
+    return _NAMES[id(spec)]
+
+
+def _direct(spec: Spec) -> Str | None:
+    """The pattern-checked string a field is, nil allowed or not; None if it is not one."""
+    inner = spec.inner if isinstance(spec, Nullable) else spec
+    return inner if isinstance(inner, Str) and inner._match is not None else None
 
 
 def _patterns(spec: Spec, memo: dict[int, Check | None]) -> Check | None:
     """A function that matches every pattern-constrained string of a value msgspec has already
-    validated against `spec`, or None when no pattern is below it. Walks only those paths."""
+    validated against `spec`, or None when no pattern is below it. Walks only those paths, and
+    where it can, checks a whole map's keys or a whole array of records' field at C speed
+    against the strings already known to match (counter, device, address names repeat)."""
     if id(spec) in memo:
         return memo[id(spec)]
     out: Check | None = None
-    if isinstance(spec, Str) and spec._match is not None:
-        out = _names(spec)[1]
+    if (direct := _direct(spec)) is not None:
+        out = _names(direct)[1]
     elif isinstance(spec, Nullable):
         inner = _patterns(spec.inner, memo)
         if inner is not None:
             def out(v: Any, inner: Check = inner) -> None:
                 if v is not None:
                     inner(v)
+    elif isinstance(spec, List) and isinstance(spec.item, Record):
+        fields, deeper = _record_fields(spec.item, memo)
+        if fields or deeper:
+            def out(v: Any, fields: list[tuple[Any, set[str | None], Check]] = fields,
+                    deeper: list[tuple[str, Check]] = deeper) -> None:
+                for get, known, check in fields:
+                    if not known.issuperset(map(get, v)):
+                        for x in map(get, v):
+                            check(x)
+                for name, c in deeper:
+                    for rec in v:
+                        x = rec.get(name, _ABSENT)
+                        if x is not _ABSENT:
+                            c(x)
     elif isinstance(spec, List):
         item = _patterns(spec.item, memo)
         if item is not None:
@@ -161,30 +191,45 @@ def _patterns(spec: Spec, memo: dict[int, Check | None]) -> Check | None:
                     item(x)
     elif isinstance(spec, Map):
         val = _patterns(spec.value, memo)
-        if isinstance(spec.key, Str) and spec.key._match is not None:
-            known, key = _names(spec.key)
-        else:
-            known, key = set(), None
-        if key is not None or val is not None:
-            def out(v: Any, known: set[str] = known, key: Check | None = key,
+        key = _direct(spec.key)
+        known, kcheck = _names(key) if key is not None else (set(), None)
+        if kcheck is not None or val is not None:
+            def out(v: Any, known: set[str | None] = known, kcheck: Check | None = kcheck,
                     val: Check | None = val) -> None:
-                if key is not None and not known.issuperset(v):  # C-speed when all are known
+                if kcheck is not None and not known.issuperset(v):
                     for k in v:
-                        key(k)
+                        kcheck(k)
                 if val is not None:
                     for x in v.values():
                         val(x)
     elif isinstance(spec, Record):
-        subs = [(name, c) for name, sub, _ in spec.fields()
-                if (c := _patterns(sub, memo)) is not None]
-        if subs:
-            def out(v: Any, subs: list[tuple[str, Check]] = subs) -> None:
-                for name, c in subs:
+        fields, deeper = _record_fields(spec, memo)
+        if fields or deeper:
+            def out(v: Any, fields: list[tuple[Any, set[str | None], Check]] = fields,
+                    deeper: list[tuple[str, Check]] = deeper) -> None:
+                for get, known, check in fields:
+                    x = get(v)
+                    if x not in known:
+                        check(x)
+                for name, c in deeper:
                     x = v.get(name, _ABSENT)
                     if x is not _ABSENT:
                         c(x)
     memo[id(spec)] = out
     return out
+
+
+def _record_fields(rec: Record, memo: dict[int, Check | None]
+                   ) -> tuple[list[tuple[Any, set[str | None], Check]], list[tuple[str, Check]]]:
+    """A record's pattern-checked string fields as (getter, known, check), and checks of its
+    fields that hold patterns deeper down."""
+    fields, deeper = [], []
+    for name, sub, _ in rec.fields():
+        if (direct := _direct(sub)) is not None:
+            fields.append((methodcaller("get", name), *_names(direct)))
+        elif (c := _patterns(sub, memo)) is not None:
+            deeper.append((name, c))
+    return fields, deeper
 
 
 _ABSENT = object()
