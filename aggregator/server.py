@@ -112,6 +112,9 @@ class Server:
         self.sock.setsockopt(zmq.RCVHWM, max(8, INGEST_QUEUE_BYTES // cfg.max_frame))
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        # Every agent reconnects at once after an aggregator restart: ZeroMQ's default listen
+        # backlog (100) drops the rest of the SYNs, and each retry waits 1, 3, 7 s in the kernel.
+        self.sock.setsockopt(zmq.BACKLOG, 4096)
         # Identity (docs/security.md): CURVE, and a ZAP handler that admits enrolled keys only.
         self.enrolled: EnrolledKeys | None = None
         self.zap: ZapHandler | None = None
