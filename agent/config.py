@@ -33,6 +33,12 @@ class AgentConfig:
     run_dir: Path = field(Path("/run/c4"), "runtime directory (the plugin socket lives here)")
     queue_max: int = field(10000, "frames held for resending until acked; beyond it the oldest "
                                   "are dropped and counted")
+    queue_bytes: int = field(64 << 20, "bytes of frames held for resending until acked (in "
+                                       "memory and in the spool); beyond it the oldest are "
+                                       "dropped and counted")
+    spool_dir: str = field("", "directory of the on-disk copy of unacked frames, so a restarted "
+                               "agent resends what its previous run had not delivered (e.g. "
+                               "/var/lib/c4/spool); empty: memory only, a restart loses them")
     resend_after: float = field(5.0, "seconds without an ack before unacked frames are resent")
     max_frame: int = field(1 << 20, "largest frame in bytes, sent or received")
     validate_every: int = field(30, "check every Nth frame of each kind (and the first) against "
@@ -59,6 +65,8 @@ class AgentConfig:
                               f"tcp://host:9465, got {self.aggregator!r}")
         if self.queue_max < 10:
             raise ConfigError(f"{where}queue_max: must be at least 10")
+        if self.queue_bytes < self.max_frame:
+            raise ConfigError(f"{where}queue_bytes: must be at least max_frame")
         if self.hello_interval < self.interval:
             raise ConfigError(f"{where}hello_interval: must be at least `interval`")
         if self.validate_every < 1:

@@ -81,6 +81,7 @@ class Agent:
                         "unencrypted; use CURVE keys outside tests (docs/security.md)",
                         cfg.aggregator)
         return Sender(cfg.aggregator, self.host, queue_max=cfg.queue_max,
+                      queue_bytes=cfg.queue_bytes, spool_dir=cfg.spool_dir or None,
                       resend_after=cfg.resend_after, max_frame=cfg.max_frame,
                       record_path=record_path, validate_every=cfg.validate_every,
                       clock=clock, log=log, curve=curve)

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import zmq
@@ -22,6 +23,8 @@ import zmq
 from c4.core import record, wire
 from c4.core.keys import ClientKeys
 from c4.core.wire import Frame, Rejected
+
+from .spool import Spool
 
 
 @dataclass
@@ -48,6 +51,7 @@ class SenderStats:
 
 class Sender:
     def __init__(self, endpoint: str, host: str, *, queue_max: int = 10000,
+                 queue_bytes: int = 64 << 20, spool_dir: str | Path | None = None,
                  resend_after: float = 5.0, max_frame: int = wire.DEFAULT_MAX_FRAME,
                  record_path: str | None = None, validate_every: int = 30,
                  clock: Callable[[], float] = time.time,
@@ -58,6 +62,7 @@ class Sender:
         self.host = host
         self.boot = uuid.uuid4().hex[:16]
         self.queue_max = queue_max
+        self.queue_bytes = queue_bytes
         self.resend_after = resend_after
         self.max_frame = max_frame
         self.validate_every = max(1, validate_every)
@@ -65,7 +70,20 @@ class Sender:
         self.log = log or logging.getLogger("c4.agent.sender")
         self.stats = SenderStats()
         self._seq = 0
+        # Unacked frames by boot: earlier incarnations' (from the spool) first, then ours.
+        self._queues: dict[str, deque[_Pending]] = {}
+        self._bytes = 0  # encoded bytes held in all queues (and in the spool)
+        self.spool: Spool | None = None
+        if spool_dir:
+            try:
+                self.spool = Spool(spool_dir, self.boot, self.log)
+                self._resume(self.spool.load())
+            except OSError as exc:
+                self.log.error("spool %s unusable (%s): unacked frames are kept in memory only, "
+                               "a restart loses them", spool_dir, exc)
+                self.spool = None
         self._queue: deque[_Pending] = deque()
+        self._queues[self.boot] = self._queue
         self._last_ack_progress = clock()
         self._zctx = ctx or zmq.Context.instance()
         self._sock: zmq.Socket | None = None
@@ -126,15 +144,66 @@ class Sender:
         if self._recorder is not None:
             self._recorder.write(data)
             self._recorder.flush()
-        if not self._queue:
+        if not self.unacked:
             self._last_ack_progress = self.clock()  # the ack clock starts with the first pending frame
-        while len(self._queue) >= self.queue_max:
-            self._queue.popleft()
-            self.stats.dropped_queue_full += 1
+        while self.unacked and (len(self._queue) >= self.queue_max
+                                or self._bytes + len(data) > self.queue_bytes):
+            self._drop_oldest()
         self._queue.append(_Pending(seq, kind, data))
+        self._bytes += len(data)
+        self._spool("append", self.boot, seq, data)
         self.stats.by_kind[kind] = self.stats.by_kind.get(kind, 0) + 1
         self.flush()
         return seq
+
+    def _resume(self, spooled: dict[str, list[tuple[int, bytes]]]) -> None:
+        """Earlier incarnations' unacked frames, resent under their own boot and seq. Each is
+        re-encoded with `floor` = the oldest of its boot still held, so the aggregator settles
+        what the byte budget dropped instead of waiting for it."""
+        for boot, frames in spooled.items():
+            q: deque[_Pending] = deque()
+            for seq, data in frames:
+                try:
+                    f = wire.decode(data, self.max_frame)
+                    data = wire.encode(Frame(f.kind, f.host, f.boot, f.seq, f.ts, f.body,
+                                             f.version, frames[0][0]), validate=False)
+                except (wire.Rejected, ValueError, OverflowError) as exc:
+                    self.log.warning("spooled frame %s/%d unreadable, dropped: %s", boot, seq,
+                                     exc)
+                    continue
+                q.append(_Pending(seq, f.kind, data))
+                self._bytes += len(data)
+            if q:
+                self._queues[boot] = q
+                self.log.info("resending %d frames of an earlier run (boot %s) from the spool",
+                              len(q), boot)
+
+    def _drop_oldest(self) -> None:
+        """The byte or frame budget is full: the oldest frame goes, counted (lost)."""
+        boot, q = next((b, q) for b, q in self._queues.items() if q)
+        p = q.popleft()
+        self._bytes -= len(p.data)
+        self.stats.dropped_queue_full += 1
+        self._settled(boot, q, p.seq)
+
+    def _settled(self, boot: str, q: deque[_Pending], seq: int) -> None:
+        if self.spool is not None:
+            self._spool("settle", boot, seq, [(p.seq, p.data) for p in q])
+        if not q and boot != self.boot:
+            del self._queues[boot]
+
+    def _spool(self, op: str, *args: Any) -> None:
+        """A spool that cannot be written (full disk) is given up, loudly: delivery goes on
+        from memory, without the restart guarantee."""
+        if self.spool is None:
+            return
+        try:
+            getattr(self.spool, op)(*args)
+        except OSError as exc:
+            self.log.error("spool write failed (%s): unacked frames are kept in memory only "
+                           "from now on", exc)
+            self.spool.close()
+            self.spool = None
 
     def _floor(self, next_seq: int) -> int:
         return self._queue[0].seq if self._queue else next_seq
@@ -142,7 +211,7 @@ class Sender:
     def flush(self) -> None:
         """Put due frames on the wire without blocking; stops at the first EAGAIN."""
         now = self.clock()
-        for p in self._queue:
+        for p in [p for q in self._queues.values() for p in q]:
             if p.sent_at is not None and now - p.sent_at < self.resend_after:
                 continue
             try:
@@ -157,12 +226,12 @@ class Sender:
 
     @property
     def unacked(self) -> int:
-        return len(self._queue)
+        return sum(len(q) for q in self._queues.values())
 
     def counters(self) -> dict[str, int]:
         """What `report.body.sender` carries (docs/wire.md)."""
         st = self.stats
-        return {"unacked": len(self._queue), "resent": st.resent,
+        return {"unacked": self.unacked, "resent": st.resent,
                 "dropped_queue_full": st.dropped_queue_full, "dropped_invalid": st.dropped_invalid,
                 "errors_received": st.errors_received, "reconnects": st.reconnects}
 
@@ -191,14 +260,15 @@ class Sender:
     def _maybe_reconnect(self) -> None:
         # Heartbeats make ZeroMQ notice a dead peer; this covers the rest (a peer that came
         # back with a new identity while our pipe still points at the old one).
-        if self._queue and self.clock() - self._last_ack_progress > 4 * self.resend_after:
+        if self.unacked and self.clock() - self._last_ack_progress > 4 * self.resend_after:
             self.log.warning("no ack from %s for %.0fs with %d frames pending: reconnecting",
                              self.endpoint, self.clock() - self._last_ack_progress,
-                             len(self._queue))
+                             self.unacked)
             self._last_ack_progress = self.clock()
             self.reconnect()
-            for p in self._queue:
-                p.sent_at = None
+            for q in self._queues.values():
+                for p in q:
+                    p.sent_at = None
 
     def _on_reply(self, data: bytes) -> None:
         try:
@@ -214,32 +284,40 @@ class Sender:
             self.stats.last_error = f"{frame.body['code']}: {frame.body['reason']}"
             self.log.error("aggregator rejected frame %s: %s", frame.body.get("ref_seq"),
                            self.stats.last_error)
-            self._forget(frame.body.get("ref_seq"))
+            self._forget(frame.body.get("ref_seq"), frame.body.get("ref_boot") or self.boot)
         elif frame.kind in self.handlers:
             self.handlers[frame.kind](frame)
         else:
             self.stats.bad_replies += 1
             self.log.warning("unexpected %s frame from the aggregator", frame.kind)
 
-    def _forget(self, seq: int | None) -> None:
+    def _forget(self, seq: int | None, boot: str) -> None:
         """A rejected frame will be rejected again: resending it would hold the queue's floor
         (and the aggregator's ack) forever. Drop it; the aggregator counts it as lost."""
-        for p in self._queue:
+        q = self._queues.get(boot, deque())
+        for p in q:
             if p.seq == seq:
-                self._queue.remove(p)
+                q.remove(p)
+                self._bytes -= len(p.data)
                 self.stats.dropped_invalid += 1
+                if self.spool is not None:  # settled: a restart must not resend it
+                    self._spool("forget", boot, p.seq, [(x.seq, x.data) for x in q])
                 return
 
     def _on_ack(self, body: dict[str, Any]) -> None:
-        if body["boot"] != self.boot:
-            return  # an ack for a previous incarnation of this agent
+        boot = body["boot"]
+        q = self._queues.get(boot)
+        if q is None:
+            return  # an incarnation whose frames are all settled
         acked = body["seq"]
         progressed = False
-        while self._queue and self._queue[0].seq <= acked:
-            self._queue.popleft()
+        while q and q[0].seq <= acked:
+            self._bytes -= len(q.popleft().data)
             self.stats.acked += 1
             progressed = True
-        if progressed or not self._queue:
+        if progressed:
+            self._settled(boot, q, acked)
+        if progressed or not self.unacked:
             self._last_ack_progress = self.clock()
 
     def close(self) -> None:
@@ -248,3 +326,5 @@ class Sender:
             self._sock = None
         if self._recorder is not None:
             self._recorder.close()
+        if self.spool is not None:
+            self.spool.close()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
 from c4.core import wire
-from c4.core.wire import Frame, Rejected, fast, kinds
+from c4.core.wire import Frame, Invalid, Rejected, fast, kinds
 
 from .state import HostRegistry, HostState, SeqState
 from .store import Store
@@ -258,6 +258,10 @@ class Ingest:
         seq = env.get("seq")  # as the peer sent it: echo it only if it is a valid seq
         ref = seq if type(seq) is int and 0 <= seq <= kinds.SEQ.max else None
         body: dict[str, Any] = {"code": exc.code, "reason": exc.detail[:1024], "ref_seq": ref}
+        try:  # which of the agent's incarnations it was (a spool resends several)
+            body["ref_boot"] = kinds.IDENT.check(env.get("boot"))
+        except Invalid:
+            pass
         if exc.code == "unsupported_version":
             body["supported"] = list(wire.SUPPORTED_MAJORS)
         return Outcome(reject=exc.code, replies=[self._frame("error", body, now)])

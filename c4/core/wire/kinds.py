@@ -208,9 +208,12 @@ PROBE_RESULT = Record(
 )
 ERROR = Record(
     required={"code": Str(32), "reason": Str(1024)},
-    optional={"ref_seq": Nullable(SEQ), "supported": List(Int(0, 65535), 16)},
+    optional={"ref_seq": Nullable(SEQ), "ref_boot": IDENT,
+              "supported": List(Int(0, 65535), 16)},
     doc={"code": "a reject reason (docs/wire.md#rejections)", "reason": "human explanation",
          "ref_seq": "seq of the offending frame when known",
+         "ref_boot": "boot of the offending frame when known (an agent resending an earlier "
+                     "run's frames from its spool holds several boots)",
          "supported": "protocol majors the aggregator speaks (for unsupported_version)"},
 )
 

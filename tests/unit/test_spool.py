@@ -1,0 +1,106 @@
+"""At-least-once across agent restarts (issue 10): the sender's unacked frames live in a
+bounded on-disk spool; a restarted agent resends them under their own boot, and the byte
+budget drops the oldest, counted. Real ZeroMQ and the real ingest (tests/unit/test_sender.py)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import zmq
+
+from c4.agent.sender import Sender
+from c4.agent.spool import Spool
+from tests.e2e.procs import free_port
+from tests.unit.test_sender import Router, _report
+
+
+def _pump(router: Router, s: Sender, rounds: int = 200) -> None:
+    for _ in range(rounds):
+        router.pump()
+        s.poll(0.02)
+        if not s.unacked:
+            return
+
+
+def test_a_restarted_agent_resends_what_its_last_run_did_not_deliver(tmp_path: Path) -> None:
+    ctx = zmq.Context()
+    ep = f"tcp://127.0.0.1:{free_port()}"  # nothing listens yet: the aggregator is away
+    spool = tmp_path / "spool"
+    router = None
+    try:
+        first = Sender(ep, "h1", ctx=ctx, spool_dir=spool)  # aggregator away
+        for _ in range(5):
+            first.send("report", _report())
+        old_boot = first.boot
+        first.close()  # the agent stops (or is killed: the spool was written as it went)
+        router = Router(ctx, ep)
+        second = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
+        assert second.unacked == 5
+        second.send("report", _report())
+        _pump(router, second)
+        assert second.unacked == 0
+        stored = {(r[1], r[2]) for r in router.ingest.store.frames("h1")}
+        assert stored == {(old_boot, n) for n in range(1, 6)} | {(second.boot, 1)}
+        second.close()
+        third = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
+        assert third.unacked == 0
+        assert list(spool.iterdir()) == []  # settled files are deleted
+        third.close()
+    finally:
+        if router is not None:
+            router.sock.close(0)
+        ctx.term()
+
+
+def test_the_byte_budget_drops_oldest_and_the_floor_settles_them(tmp_path: Path) -> None:
+    ctx = zmq.Context()
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    spool = tmp_path / "spool"
+    router = None
+    opened: list[Sender] = []
+    try:
+        first = Sender(ep, "h1", ctx=ctx, spool_dir=spool, queue_bytes=2000)
+        opened.append(first)
+        for _ in range(40):
+            first.send("report", _report())
+        held = first.unacked
+        assert 0 < held < 40 and first.stats.dropped_queue_full == 40 - held
+        first.close()
+        router = Router(ctx, ep)  # the aggregator comes back
+        second = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
+        opened.append(second)
+        assert second.unacked == held  # the drops were settled in the spool too
+        _pump(router, second)
+        assert second.unacked == 0
+        seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
+        assert seqs.contiguous == 40 and seqs.lost == 40 - held
+    finally:
+        for s in opened:
+            s.close()
+        if router is not None:
+            router.sock.close(0)
+        ctx.term()
+
+
+def test_a_torn_last_record_ends_the_replay(tmp_path: Path) -> None:
+    log = logging.getLogger("test")
+    sp = Spool(tmp_path, "old", log)
+    sp.append("old", 1, b"one")
+    sp.append("old", 2, b"two")
+    sp.close()
+    path = tmp_path / "old.spool"
+    path.write_bytes(path.read_bytes()[:-2])  # killed in the middle of a write
+    assert Spool(tmp_path, "new", log).load() == {"old": [(1, b"one")]}
+
+
+def test_an_unwritable_spool_falls_back_to_memory(tmp_path: Path) -> None:
+    ctx = zmq.Context()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    try:
+        s = Sender("inproc://agg3", "h1", ctx=ctx, spool_dir=blocker / "spool")
+        assert s.spool is None
+        assert s.send("report", _report()) == 1 and s.unacked == 1
+        s.close()
+    finally:
+        ctx.term()
