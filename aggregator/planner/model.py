@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -34,6 +35,11 @@ class Flow:
     @property
     def pclass(self) -> str:
         return path_class(self.proto, self.dport)
+
+    @cached_property
+    def key(self) -> tuple[str, str, str]:
+        """(src, dst, path class): the path map's key; flows are never changed in place."""
+        return self.src, self.dst, self.pclass
 
 
 def path_class(proto: str, dport: int) -> str:
@@ -105,7 +111,6 @@ class Arcs:
 class _Pair:
     """What one (src, dst, proto) contributes: its known ports and candidate paths."""
 
-    stamp: tuple[int, frozenset[str]]  # path map version, the down links its paths touch
     until: float  # when its oldest entry expires
     known: dict[int, tuple[str, ...]]
     links: frozenset[str]  # every link of a known path
@@ -128,15 +133,13 @@ class Model:
         self.arcs = arcs or Arcs(topo)
         self.pairs: dict[tuple[str, str, str], _Pair] = {}
         self.pathmap: PathMap | None = None
+        self.mark = (0, 0)  # the path map's log position at the last build
+        self.down: set[str] = set()  # the down links at the last build
+        self.until = float("inf")  # the earliest expiry of a kept pair
         self.cap: tuple[frozenset[str], np.ndarray] | None = None
 
     def _pair(self, key: tuple[str, str, str], pathmap: PathMap, down: set[str],
               now: float) -> _Pair:
-        pr = self.pairs.get(key)
-        version = pathmap.version(key)
-        if pr is not None and pr.stamp[0] == version and now <= pr.until and \
-                (not (down or pr.stamp[1]) or pr.stamp[1] == down.intersection(pr.links)):
-            return pr
         known = pathmap.ports(*key, now)
         links = frozenset(lk for p in known.values() for lk in p)
         by_path: dict[tuple[str, ...], list[int]] = {}
@@ -145,63 +148,88 @@ class Model:
                 by_path.setdefault(path, []).append(port)
         paths = sorted(by_path)
         at = {p: k for k, p in enumerate(paths)}
-        pr = _Pair((version, frozenset(down.intersection(links))), pathmap.fresh_until(key),
-                   known, links, paths, [sorted(by_path[p]) for p in paths],
-                   [self.arcs.of_path(p) for p in paths],
+        pr = _Pair(pathmap.fresh_until(key), known, links, paths,
+                   [sorted(by_path[p]) for p in paths], [self.arcs.of_path(p) for p in paths],
                    {port: at[path] for port, path in known.items() if path in at})
         self.pairs[key] = pr
+        self.until = min(self.until, pr.until)
         return pr
+
+    def _pairs(self, keys: Iterable[tuple[str, str, str]], pathmap: PathMap, health: Health,
+               now: float) -> dict[tuple[str, str, str], _Pair]:
+        """The pair of each key: kept unless the path map changed it, an entry of it expired,
+        or a link on one of its known paths went down or came back."""
+        if pathmap is not self.pathmap:
+            self.pairs.clear()
+            self.pathmap = pathmap
+            self.mark = pathmap.mark()
+        dirty = pathmap.changed_since(self.mark)
+        self.mark = pathmap.mark()
+        flipped = health.down ^ self.down
+        self.down = set(health.down)
+        expired = now > self.until
+        if expired:
+            self.until = float("inf")
+        out = {}
+        pairs, down = self.pairs, health.down
+        for key in keys:
+            pr = pairs.get(key)
+            if pr is None or dirty is None or key in dirty or \
+                    (flipped and not flipped.isdisjoint(pr.links)) or (expired and now > pr.until):
+                pr = self._pair(key, pathmap, down, now)
+            elif expired:
+                self.until = min(self.until, pr.until)
+            out[key] = pr
+        for key in [k for k in pairs if k not in out]:
+            del pairs[key]  # pairs without flows: their memory goes with them
+        return out
 
     def build(self, flows: list[Flow], pathmap: PathMap, health: Health, now: float) -> Built:
         """Candidates of each flow: the paths its known ports take, minus any through a down
         link. A suspect link keeps only `suspect_factor` of its capacity, so load leaves it
         first."""
-        if pathmap is not self.pathmap:
-            self.pairs.clear()
-            self.pathmap = pathmap
         arcs = self.arcs
         base = np.zeros(2 * len(arcs.ids))
-        planned: list[Flow] = []
-        cand_arcs: list[list[tuple[int, ...]]] = []
-        cand_paths: list[list[tuple[str, ...]]] = []
-        cand_ports: list[list[list[int]]] = []
-        current: list[int] = []
         unplanned: list[tuple[Flow, str]] = []
-        seen: dict[tuple[str, str, str], _Pair] = {}
-        down = health.down
-        top = max((fl.demand for fl in flows), default=0.0)
-        for fl in flows:
-            if fl.demand < MICE * top:
-                # the acks of a one-way stream (the accepting end of a lab or NCCL socket
-                # connection, whose port is the listener's): moving it cannot lower the maximum
-                unplanned.append((fl, "too small to move"))
-                _base_load(self.topo, arcs, base, fl, pathmap.lookup(
-                    fl.src, fl.dst, fl.pclass, fl.sport, now) if fl.sport is not None else None)
-                continue
-            key = (fl.src, fl.dst, fl.pclass)
-            pr = seen.get(key)
-            if pr is None:  # flows between the same endpoints (channels, QPs) share one
-                pr = seen[key] = self._pair(key, pathmap, down, now)
-            if not pr.paths:
-                why = "no known port avoids the down links" if pr.known else "no path known yet"
-                unplanned.append((fl, why))
-                _base_load(self.topo, arcs, base, fl,
-                           pr.known.get(fl.sport) if fl.sport is not None else None)
-                continue
-            planned.append(fl)
-            cand_paths.append(pr.paths)
-            cand_ports.append(pr.ports)
-            cand_arcs.append(pr.arcs)
-            current.append(pr.index.get(fl.sport, -1) if fl.sport is not None else -1)
-        for key in [k for k in self.pairs if k not in seen]:
-            del self.pairs[key]  # pairs without flows: their memory goes with them
+        floor = MICE * max((fl.demand for fl in flows), default=0.0)
+        keys = [fl.key for fl in flows]
+        # flows between the same endpoints (channels, QPs) share one pair
+        seen = self._pairs(dict.fromkeys(keys), pathmap, health, now)
+        prs = list(map(seen.__getitem__, keys))
+        demand = np.fromiter((fl.demand for fl in flows), np.float64, len(flows))
+        planned, mine = flows, prs
+        if not (all(pr.paths for pr in seen.values()) and bool(np.all(demand >= floor))):
+            planned, mine = [], []
+            for fl, pr in zip(flows, prs):
+                if fl.demand < floor:
+                    # the acks of a one-way stream (the accepting end of a lab or NCCL socket
+                    # connection, whose port is the listener's): moving it cannot lower the
+                    # maximum
+                    unplanned.append((fl, "too small to move"))
+                    _base_load(self.topo, arcs, base, fl, pathmap.lookup(
+                        fl.src, fl.dst, fl.pclass, fl.sport, now) if fl.sport is not None
+                        else None)
+                elif not pr.paths:
+                    unplanned.append((fl, "no known port avoids the down links" if pr.known
+                                      else "no path known yet"))
+                    _base_load(self.topo, arcs, base, fl,
+                               pr.known.get(fl.sport) if fl.sport is not None else None)
+                else:
+                    planned.append(fl)
+                    mine.append(pr)
+        cand_paths = [pr.paths for pr in mine]
+        cand_ports = [pr.ports for pr in mine]
+        cand_arcs = [pr.arcs for pr in mine]
+        current = [pr.index.get(fl.sport, -1) for fl, pr in zip(planned, mine)]  # type: ignore[arg-type]
         inst = None
         if planned:
             suspect = frozenset(health.suspect)
             if self.cap is None or self.cap[0] != suspect:
                 self.cap = (suspect, arcs.caps(health.suspect, self.suspect_factor))
-            inst = Instance(self.cap[1], np.fromiter((fl.demand for fl in planned), np.float64,
-                                                     len(planned)), cand_arcs, base)
+            if planned is not flows:
+                demand = np.fromiter((fl.demand for fl in planned), np.float64, len(planned))
+            inst = Instance(self.cap[1], demand, cand_arcs, base)
+        planned = list(planned)
         return Built(inst, planned, cand_paths, cand_ports, current, unplanned, arcs.names())
 
 

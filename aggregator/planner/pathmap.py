@@ -4,8 +4,8 @@ destination port too.
 
 Keys use topology endpoints (`host/dev`); a path is the tuple of link ids from src to dst.
 An entry is trusted until it is older than `ttl_s`, until a link on it has an incident (the
-fabric may have rerouted it) or until the topology changes (`clear`). `version(key)` changes
-whenever what is known about a key does, so the planner's model rebuilds only those keys.
+fabric may have rerouted it) or until the topology changes (`clear`). `changed_since` names
+the keys whose knowledge changed, so the planner's model rebuilds only those.
 """
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ class PathMap:
         self.ttl_s = ttl_s
         self.entries: dict[Key, dict[int, Entry]] = {}
         self.by_link: dict[str, set[tuple[Key, int]]] = {}
-        self.changes = 0  # a counter: key -> the value when the key last changed
-        self.changed: dict[Key, int] = {}
-        self.cleared = 0
+        self.log: list[Key] = []  # keys in the order they changed
+        self.epoch = 0  # a new epoch: the log was reset, every key may have changed
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.entries.values())
@@ -44,11 +43,21 @@ class PathMap:
         self._changed(key)
 
     def _changed(self, key: Key) -> None:
-        self.changes += 1
-        self.changed[key] = self.changes
+        if len(self.log) > 4 * len(self.entries) + 1024:
+            self._reset_log()
+        self.log.append(key)
 
-    def version(self, key: Key) -> int:
-        return max(self.changed.get(key, 0), self.cleared)
+    def _reset_log(self) -> None:
+        self.log = []
+        self.epoch += 1
+
+    def changed_since(self, mark: tuple[int, int]) -> set[Key] | None:
+        """Keys changed since `mark` (a `mark()` taken earlier); None: possibly all."""
+        epoch, at = mark
+        return set(self.log[at:]) if epoch == self.epoch else None
+
+    def mark(self) -> tuple[int, int]:
+        return self.epoch, len(self.log)
 
     def fresh_until(self, key: Key) -> float:
         """When the oldest entry of `key` stops being trusted (inf: none)."""
@@ -78,9 +87,7 @@ class PathMap:
     def clear(self) -> None:
         self.entries.clear()
         self.by_link.clear()
-        self.changes += 1
-        self.cleared = self.changes
-        self.changed.clear()
+        self._reset_log()
 
     def ports(self, src: str, dst: str, proto: str, now: float) -> dict[int, tuple[str, ...]]:
         """Known source ports of (src, dst, proto) and the path each takes (fresh ones only)."""

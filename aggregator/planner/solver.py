@@ -24,6 +24,7 @@ Pure arithmetic on indices: the caller (service.py) turns topology, path map and
 """
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field
 from itertools import chain
@@ -35,6 +36,7 @@ import numpy as np
 EPS = 1e-9
 CHUNK = 128  # flows scored per array step in the greedy
 HOOD = 1500  # flows one large-neighbourhood MILP may re-place
+TAIL = 0.015  # seconds a re-plan keeps after its MILP for taking the answer over
 
 
 @dataclass
@@ -186,12 +188,18 @@ class _State:
             for a in self.var[f][self.assign[f]]:
                 self.on[a].add(f)
 
-    def util(self) -> list[float]:
-        return [x * i for x, i in zip(self.load, self.inv)]
+    def util(self) -> np.ndarray:
+        u: np.ndarray = np.asarray(self.load) / self.inst.cap
+        return u
 
     def max_util(self) -> float:
-        return max(max((x * i for x, i in zip(self.load, self.inv)), default=0.0),
-                   self.fixed_util)
+        return max(float(np.max(self.util(), initial=0.0)), self.fixed_util)
+
+    def hot(self, u: np.ndarray, limit: float) -> list[int]:
+        """Arcs at or above `limit`, busiest first."""
+        at = np.flatnonzero(u >= limit)
+        out: list[int] = at[np.argsort(-u[at], kind="stable")].tolist()
+        return out
 
     def moved(self, prev: Sequence[int] | None) -> list[int]:
         if prev is None:
@@ -280,7 +288,7 @@ class _State:
         inv, load = self.inv, self.load
         while load[a] * inv[a] >= limit:
             flows = sorted((f for f in self.on[a] if f not in busy),
-                           key=lambda f: (f not in free, -self.d[f]))
+                           key=lambda f: (f not in free, -self.d[f], f))
             moved = False
             for f in flows[:12] if depth < 2 else flows:
                 cur = self.assign[f]
@@ -354,7 +362,9 @@ class _State:
                 self._undo(journal, 0)
             if best is None:
                 ok = False
-                self.greedy([f])
+                d = self.d[f]
+                self.place(f, min(range(len(self.var[f])), key=lambda k: max(
+                    ((self.load[a] + d) * self.inv[a] for a in self.var[f][k]), default=0.0)))
                 continue
             journal = []
             self._fit(f, best[1], limit, free, journal)
@@ -365,7 +375,7 @@ class _State:
              journal: list[tuple[int, int]]) -> bool:
         journal.append((f, -1))
         self.place(f, k)
-        self.budget = 2000
+        self.budget = 500
         over = [a for a in self.var[f][k] if self.load[a] * self.inv[a] >= limit]
         return all(self._relieve(a, limit, free, journal, 2, {f}) for a in over)
 
@@ -376,11 +386,11 @@ class _State:
         free = free if free is not None else set()
         while time.perf_counter() < deadline:
             u = self.util()
-            top = max(u, default=0.0)
+            top = float(np.max(u, initial=0.0))
             if top <= max(self.fixed_util, target) + EPS or top <= EPS:
                 return
             limit = top - max(EPS, top * 1e-9)
-            hot = sorted((a for a, x in enumerate(u) if x >= limit), key=lambda a: -u[a])
+            hot = self.hot(u, limit)
             journal: list[tuple[int, int]] = []
             self.budget = 20000 + 50 * len(hot)
             for a in hot:
@@ -429,12 +439,15 @@ class _State:
                 self._undo(journal, 0)
 
     # -- large neighbourhoods (HiGHS) -------------------------------------------------------
-    def hood(self, seeds: Sequence[int], size: int) -> list[int]:
+    def hood(self, seeds: Sequence[int], size: int, level: float | None = None) -> list[int]:
         """`seeds` and, breadth first, the flows on the arcs their candidates use: the flows
-        whose moves can make room for them, up to `size`."""
+        whose moves can make room for them, up to `size`. With `level`, only arcs that could
+        not take the largest seed without going above it are followed (moving flows off the
+        others makes no room that is needed)."""
         out = dict.fromkeys(seeds)
         frontier = list(out)
         seen: set[int] = set()
+        room = max((self.d[f] for f in seeds), default=0.0)
         while frontier and len(out) < size:
             nxt = []
             for f in frontier:
@@ -443,7 +456,10 @@ class _State:
                         if a in seen:
                             continue
                         seen.add(a)
-                        for g in sorted(self.on[a], key=lambda g: -self.d[g]):
+                        if level is not None and \
+                                (self.load[a] + room) * self.inv[a] <= level + EPS:
+                            continue
+                        for g in sorted(self.on[a], key=lambda g: (-self.d[g], g)):
                             if g not in out:
                                 out[g] = None
                                 nxt.append(g)
@@ -453,11 +469,13 @@ class _State:
         return list(out)[:max(size, len(seeds))]
 
     def reassign(self, new: dict[int, int]) -> None:
+        """Put each flow on the candidate given (-1: unplaced)."""
         for f, k in new.items():
             if self.assign[f] != k:
                 if self.assign[f] >= 0:
                     self.lift(f)
-                self.place(f, k)
+                if k >= 0:
+                    self.place(f, k)
 
     def search(self, deadline: float, prev: Sequence[int] | None) -> None:
         """Large-neighbourhood search: re-place the flows on some of the busiest arcs and
@@ -467,16 +485,16 @@ class _State:
         size = 200
         while time.perf_counter() < deadline - 0.01:
             u = self.util()
-            top = max(u, default=0.0)
+            top = float(np.max(u, initial=0.0))
             if top <= self.fixed_util + EPS:
                 break
             seeds: dict[int, None] = {}
-            for a in sorted((a for a, x in enumerate(u) if x >= top - EPS), key=lambda a: -u[a]):
-                seeds.update(dict.fromkeys(self.on[a]))
+            for a in self.hot(u, top - EPS):
+                seeds.update(dict.fromkeys(sorted(self.on[a])))
                 if len(seeds) >= size // 2:
                     break
             got = sub_milp(self, self.hood(list(seeds), size), None, None, True,
-                           deadline - time.perf_counter(), hold=top)
+                           deadline, hold=top)
             if got is None or got[0] >= top - EPS:
                 if size >= HOOD:
                     break
@@ -492,8 +510,8 @@ class _State:
         maximum reached (MILP over the moved flows' neighbourhood, the rest fixed)."""
         moved = self.moved(prev)
         level = self.max_util()
-        free = self.hood(moved, max(4 * len(moved), 200))
-        got = sub_milp(self, free, level, prev, True, deadline - time.perf_counter())
+        free = self.hood(moved, max(4 * len(moved), 400), level)
+        got = sub_milp(self, free, level, prev, True, deadline)
         if got is None:
             return
         journal = [(f, self.assign[f]) for f in got[1]]
@@ -501,6 +519,14 @@ class _State:
         self.reassign(got[1])
         if len(self.moved(prev)) >= before or self.max_util() > level + EPS:
             self.reassign(dict(journal))  # not better after all (rounding): keep the moves
+
+
+def _usable(inst: Instance, prev: Sequence[int]) -> tuple[list[int], list[int]]:
+    """`prev` with -1 for every index that is no candidate, and the flows with -1."""
+    k = np.asarray(prev, dtype=np.intp)
+    n = np.fromiter(map(len, inst.cand), dtype=np.intp, count=len(inst.cand))
+    k = np.where((k >= 0) & (k < n), k, -1)
+    return k.tolist(), np.flatnonzero(k < 0).tolist()
 
 
 def _result(st: _State, prev: Sequence[int] | None, t0: float) -> Result:
@@ -544,8 +570,9 @@ class Engine:
         if st is None or keys is None or keys != self.keys or len(st.inst.cap) != len(inst.cap):
             return None
         old = st.inst
-        changed = {f for f, (a, b) in enumerate(zip(old.cand, inst.cand)) if a is not b}
-        changed.update(np.flatnonzero(old.demand != inst.demand).tolist())
+        same = np.fromiter(map(operator.is_, old.cand, inst.cand), dtype=bool,
+                           count=len(inst.cand))
+        changed = np.flatnonzero(~same | (old.demand != inst.demand)).tolist()
         new_d = inst.demand.tolist()
         for f in changed:
             if st.assign[f] >= 0:
@@ -575,7 +602,8 @@ class Engine:
             st = self.state(inst)
             st.place_all(prev)
         else:
-            for f in [f for f, (a, k) in enumerate(zip(st.assign, prev)) if a != k]:
+            differ = np.flatnonzero(np.asarray(st.assign) != np.asarray(prev)).tolist()
+            for f in differ:
                 if st.assign[f] >= 0:
                     st.lift(f)
                 if prev[f] >= 0:
@@ -633,16 +661,27 @@ class Engine:
         last plan, its state is carried over instead of set up again."""
         t0 = time.perf_counter()
         deadline = t0 + max(budget_s, 0.0)
-        prev = [k if 0 <= k < len(inst.cand[f]) else -1 for f, k in enumerate(prev)]
+        prev, displaced = _usable(inst, prev)
         st = self._begin(inst, prev, keys)
-        displaced = [f for f, k in enumerate(prev) if k < 0]
-        st.insert(displaced, max(target, st.max_util()), deadline)
+        # where the maximum can go: displaced flows where their busiest arc ends lowest, then
+        # improvement down to `target`
+        st.greedy(displaced)
+        st.improve(t0 + budget_s / 3, set(displaced), target=target)
+        st.restore(prev)
+        level = st.max_util()
+        first = {f: st.assign[f] for f in st.moved(prev)}
+        # the same level again, each displaced flow where the fewest others must move
+        st.reassign({f: prev[f] for f in first})
+        st.insert(displaced, level, t0 + budget_s * 2 / 3)
         st.improve(deadline, set(st.moved(prev)), target=target)
         if search:
             st.search(deadline, prev)
         st.restore(prev, deadline)
-        if len(st.moved(prev)) > len(displaced) and time.perf_counter() < deadline - 0.01:
-            st.fewest_moves(prev, deadline)
+        if st.max_util() > level + EPS or len(st.moved(prev)) > len(first):
+            st.reassign({f: prev[f] for f in st.moved(prev)})
+            st.reassign(first)
+        if len(st.moved(prev)) > len(displaced) and time.perf_counter() < deadline - 2 * TAIL:
+            st.fewest_moves(prev, deadline - TAIL)
         return _result(st, prev, t0)
 
 
@@ -660,7 +699,7 @@ def replan(inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
 
 # -- MILPs (HiGHS) ----------------------------------------------------------------------------
 def sub_milp(st: _State, free: Sequence[int], level: float | None,
-             prev: Sequence[int] | None, integral: bool, time_limit: float,
+             prev: Sequence[int] | None, integral: bool, deadline: float,
              hold: float | None = None) -> tuple[float, dict[int, int], bool] | None:
     """Re-place the flows in `free` over their candidates, every other flow where it is.
     `level` None: minimise the maximum utilisation (returned); with `hold`, arcs the fixed
@@ -670,8 +709,9 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     prev -1 counts as moved). Flows with the same candidate list, demand (integral) and
     previous path are one integer class. Returns the value (the maximum over the arcs the
     free flows may use, or the number of moves), each free flow's candidate (integral only)
-    and whether HiGHS proved it optimal; None when it finds no solution in `time_limit`."""
-    if time_limit <= 0 or not free:
+    and whether HiGHS proved it optimal; None when it finds no solution by `deadline`
+    (perf_counter; setting the model up counts)."""
+    if deadline <= time.perf_counter() or not free:
         return None
     inst = st.inst
     scale = 1.0 / float(np.max(inst.cap))
@@ -745,7 +785,7 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
             [highspy.HighsVarType.kInteger] * len(cols)
     h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("time_limit", max(1e-3, deadline - time.perf_counter()))
     h.setOptionValue("threads", 1)
     if integral:
         h.setOptionValue("mip_rel_gap", 1e-6)
@@ -788,7 +828,8 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
 
 def _bound(inst: Instance, integral: bool, time_limit: float) -> float | None:
     st = Engine().state(inst)
-    got = sub_milp(st, range(inst.flows), None, None, integral, time_limit)
+    got = sub_milp(st, range(inst.flows), None, None, integral,
+                   time.perf_counter() + time_limit)
     return max(got[0], st.fixed_util) if got is not None and got[2] else None
 
 
@@ -808,7 +849,7 @@ def min_moves(inst: Instance, prev: Sequence[int], level: float,
     from `prev` (-1: displaced, counts as moved), or None when HiGHS does not prove it in
     time. The benchmark and tests compare a re-plan's moves with this."""
     st = Engine().state(inst)
-    prev = [k if 0 <= k < len(inst.cand[f]) else -1 for f, k in enumerate(prev)]
+    prev = _usable(inst, prev)[0]
     st.place_all(prev)
-    got = sub_milp(st, range(inst.flows), level, prev, True, time_limit)
+    got = sub_milp(st, range(inst.flows), level, prev, True, time.perf_counter() + time_limit)
     return int(round(got[0])) if got is not None and got[2] else None
