@@ -37,6 +37,7 @@ class Diagnosis:
         self.log = log
         self.lock = threading.RLock()
         self.model = Model(topology)
+        self.model.max_comms = cfg.max_comms
         self.counters = Counters(cfg)
         self.hang = HangDetector(cfg, self.model)
         self.prober = Prober(self.model)
@@ -142,7 +143,8 @@ class Diagnosis:
                 if f.top is not None and f.top.kind == "path":
                     self.prober.separate(f.evidence.get("candidate_links") or (), now)
             self.store.tick(now)
-            for comm in self.model.expire(now, self.cfg.comm_expire_intervals):
+            for comm in self.model.expire(now, self.cfg.comm_expire_intervals,
+                                          self.cfg.comm_expire_max_s):
                 self.hang.forget(comm)
             self.prober.forget(now)
 

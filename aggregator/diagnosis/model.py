@@ -121,6 +121,8 @@ class Model:
         self.flows: dict[str, dict[str, list[int]]] = {}  # job -> host -> [flows, retrans]
         self.flow_jobs: dict[str, set[str]] = {}  # host -> jobs it has flows of (in self.flows)
         self.addrs: dict[str, tuple[str, str | None]] = {}  # IP -> (host, netdev)
+        self.max_comms = 50000  # DiagnosisConfig.max_comms
+        self.evicted: list[Comm] = []  # dropped at the limit since the last expire()
         self.paths: PathSource | None = None  # learned paths, where the topology has none
         self.now = 0.0
         self.learned: dict[tuple[str, str], tuple[tuple[str, ...] | None, float]] = {}
@@ -172,6 +174,10 @@ class Model:
     def on_comm(self, host: str, s: dict[str, Any], interval: float, now: float) -> tuple[Comm, Rank]:
         comm = self.comms.get(s["comm"])
         if comm is None:
+            if len(self.comms) >= self.max_comms:  # a flood of made-up communicators
+                oldest = min(self.comms.values(), key=lambda c: c.last_seen)
+                self._forget(oldest)
+                self.evicted.append(oldest)
             comm = self.comms[s["comm"]] = Comm(s["comm"], s.get("job"), s["nranks"], now)
         comm.last_seen = now
         comm.interval = interval
@@ -310,16 +316,25 @@ class Model:
                 n[c.job] = n.get(c.job, 0) + k
         return sorted(n, key=lambda j: (-n[j], j))
 
-    def expire(self, now: float, intervals: float) -> list[Comm]:
-        gone = [c for c in self.comms.values() if now - c.last_seen > intervals * c.interval]
+    def expire(self, now: float, intervals: float, max_s: float = float("inf")) -> list[Comm]:
+        """Communicators silent for `intervals` of their reports, or `max_s` seconds on the
+        aggregator's clock, whichever comes first (an agent's claimed interval is not trusted
+        to keep state alive for hours)."""
+        gone = [c for c in self.comms.values()
+                if now - c.last_seen > min(intervals * c.interval, max_s)]
         for pair in [k for k, (_, t) in self.learned.items() if now - t > 12 * LEARNED_REFRESH_S]:
             del self.learned[pair]  # pairs no longer looked up
         for c in gone:
-            del self.comms[c.comm]
-            for r in c.ranks.values():
-                if r.pid is not None and self.pids.get((r.host, r.pid)) == (c.comm, r.rank):
-                    del self.pids[(r.host, r.pid)]
+            self._forget(c)
+        gone += self.evicted
+        self.evicted = []
         return gone
+
+    def _forget(self, c: Comm) -> None:
+        del self.comms[c.comm]
+        for r in c.ranks.values():
+            if r.pid is not None and self.pids.get((r.host, r.pid)) == (c.comm, r.rank):
+                del self.pids[(r.host, r.pid)]
 
     # -- TCP flows (jobs without the plugin, or its socket transport) ---------------------
     def job_of_flow(self, host: str, f: dict[str, Any]) -> str | None:

@@ -159,3 +159,21 @@ def test_one_rule_attributes_a_tcp_flow_to_a_job(diag):
     diag.observe(report("h1", 1, 4001, {"tcp_flows": tcp}), 11.0)
     assert [j["job"] for j in diag.jobs()] == ["slurm-77"]
     assert {f.job for f in diag.tcp.flows["h1"].values()} == {"slurm-77"}
+
+
+def test_communicators_expire_on_the_aggregators_clock_and_are_bounded():
+    """A sender claiming a one-hour interval used to keep its communicators for ten hours,
+    and made-up communicators were never bounded (issue 10)."""
+    db = sqlite3.connect(":memory:")
+    d = Diagnosis.from_config(db, DiagnosisConfig(max_comms=3, comm_expire_max_s=60.0), None,
+                              None, logging.getLogger("t"))
+    for i in range(5):
+        comm = {"comm": f"{i:016x}", "rank": 0, "nranks": 2, "seq_started": 1,
+                "seq_completed": 1, "colls": [], "peers": [], "pid": 100 + i, "job": "j"}
+        d.observe(frame("report", "h0", {"interval": 3600.0, "health": {},
+                                         "nccl": {"comms": [comm]}}), 10.0 + i)
+    assert len(d.model.comms) == 3
+    d.tick(15.0)
+    assert len(d.model.comms) == 3 and d.model.evicted == []
+    d.tick(200.0)  # 3600 s x 10 intervals claimed; 60 s on our clock wins
+    assert d.model.comms == {}
