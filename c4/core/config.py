@@ -19,7 +19,8 @@ class ConfigError(ValueError):
 
 def field(default: Any, doc: str, **kw: Any) -> Any:
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc}, **kw)
+        factory: Any = lambda d=default: type(d)(d)  # noqa: E731  # each instance its own copy
+        return dataclasses.field(default_factory=factory, metadata={"doc": doc}, **kw)
     return dataclasses.field(default=default, metadata={"doc": doc}, **kw)
 
 
@@ -65,7 +66,7 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
             raise ConfigError(f"{where}: expected a table, got {value!r}")
         _, vt = typing.get_args(tp)
         return {k: _coerce(f"{where}.{k}", vt, v) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a table, got {value!r}")
         return build(tp, value, where)
@@ -113,13 +114,13 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, f"{key}."))
             continue
         if f.default is not dataclasses.MISSING:
             default = repr(f.default)
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = repr(f.default_factory())  # type: ignore[misc]
+        elif f.default_factory is not dataclasses.MISSING:
+            default = repr(f.default_factory())
         else:
             default = "(required)"
         name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")

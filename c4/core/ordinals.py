@@ -15,6 +15,8 @@ are off by one.
 """
 from __future__ import annotations
 
+from typing import Any
+
 FIRST = 0  # ordinal of a communicator's first collective
 P2P_FUNCS = frozenset({"Send", "Recv", "SendRecv"})  # in-flight funcs that are not collectives
 
@@ -35,7 +37,7 @@ def oldest_incomplete(seq_started: int, seq_completed: int) -> int | None:
     return seq_completed if seq_started > seq_completed else None
 
 
-def position(seq_started: int, inflight: dict | None) -> tuple[int, bool]:
+def position(seq_started: int, inflight: dict[str, Any] | None) -> tuple[int, bool]:
     """Where a rank stands: (ordinal, inside it). A rank in a collective is inside its
     ordinal; an idle rank, or one in a point-to-point op, waits to enter `seq_started`."""
     if inflight is not None and inflight.get("func") not in P2P_FUNCS:
@@ -43,7 +45,7 @@ def position(seq_started: int, inflight: dict | None) -> tuple[int, bool]:
     return next_ordinal(seq_started), False
 
 
-def behind(seq_started: int, inflight: dict | None, ordinal: int) -> bool:
+def behind(seq_started: int, inflight: dict[str, Any] | None, ordinal: int) -> bool:
     """Whether a rank has not (yet) entered collective `ordinal`: in an older one, or waiting
     to enter it or an older one."""
     at, inside = position(seq_started, inflight)

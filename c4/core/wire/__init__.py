@@ -30,7 +30,7 @@ REJECT_REASONS = (
 class Rejected(ValueError):
     """A frame that cannot be accepted. `code` is one of REJECT_REASONS."""
 
-    def __init__(self, code: str, detail: str, frame: dict | None = None) -> None:
+    def __init__(self, code: str, detail: str, frame: dict[str, Any] | None = None) -> None:
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
@@ -60,7 +60,8 @@ def encode(frame: Frame, validate: bool = True) -> bytes:
     """Encode a frame. Validation on the sending side catches our own bugs before a peer does."""
     if validate:
         kinds.validate_body(frame.kind, frame.body)
-    return msgpack.packb(frame.to_dict(), use_bin_type=True)
+    data: bytes = msgpack.packb(frame.to_dict(), use_bin_type=True)
+    return data
 
 
 def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME,
@@ -82,7 +83,8 @@ def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME,
     try:
         env = kinds.ENVELOPE.check(obj)
     except Invalid as exc:
-        raise Rejected("bad_envelope", str(exc), obj if isinstance(obj.get("host"), str) else None)
+        raise Rejected("bad_envelope", str(exc),
+                       obj if isinstance(obj.get("host"), str) else None) from None
     floor = env.get("floor")
     if floor is not None and floor > env["seq"]:
         raise Rejected("bad_envelope", f"floor {floor} is above seq {env['seq']}", env)
@@ -96,7 +98,7 @@ def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME,
     try:
         body = check_body(env["kind"], env["body"])
     except Invalid as exc:
-        raise Rejected("bad_body", f"{env['kind']}: {exc}", env)
+        raise Rejected("bad_body", f"{env['kind']}: {exc}", env) from None
     return Frame(env["kind"], env["host"], env["boot"], env["seq"], env["ts"], body,
                  (major, minor), env.get("floor"))
 

@@ -200,7 +200,7 @@ class List(Spec):
     max_len: int = 1024
     min_len: int = 0
 
-    def check(self, value: Any, path: str = "") -> list:
+    def check(self, value: Any, path: str = "") -> list[Any]:
         if not isinstance(value, (list, tuple)):
             raise Invalid(path, f"expected array, got {_tname(value)}")
         if len(value) > self.max_len:
@@ -210,7 +210,7 @@ class List(Spec):
         check = self.item.check
         for i, v in enumerate(value):
             check(v, _join(path, i))
-        return value
+        return value  # type: ignore[return-value]  # a tuple passes as an array, unchanged
 
     def describe(self) -> str:
         size = (f"{self.max_len}" if self.min_len == self.max_len
@@ -224,7 +224,7 @@ class Map(Spec):
     value: Spec
     max_len: int = 1024
 
-    def check(self, value: Any, path: str = "") -> dict:
+    def check(self, value: Any, path: str = "") -> dict[Any, Any]:
         if not isinstance(value, dict):
             raise Invalid(path, f"expected map, got {_tname(value)}")
         if len(value) > self.max_len:
@@ -249,7 +249,7 @@ class Record(Spec):
     open: bool = False
     doc: Mapping[str, str] = field(default_factory=dict)
 
-    def check(self, value: Any, path: str = "") -> dict:
+    def check(self, value: Any, path: str = "") -> dict[Any, Any]:
         if not isinstance(value, dict):
             raise Invalid(path, f"expected map, got {_tname(value)}")
         required = self.required
@@ -262,9 +262,9 @@ class Record(Spec):
         for name, v in value.items():
             if name in required:
                 continue
-            spec = self.optional.get(name) if isinstance(name, str) else None
-            if spec is not None:
-                spec.check(v, _join(path, name))
+            opt = self.optional.get(name) if isinstance(name, str) else None
+            if opt is not None:
+                opt.check(v, _join(path, name))
             elif not self.open:  # open: validated by whoever knows its schema (event attrs)
                 raise Invalid(_join(path, str(name)), "unknown field")
         return value
