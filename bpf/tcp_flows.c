@@ -15,6 +15,7 @@
  *   C4_RINGBUF                      BPF ring buffer (else perf buffer)
  *   C4_CGROUP_FILTER                the `cgroup` option is set
  *   C4_HAVE_PROBE_COOKIE            tcp:tcp_probe has sock_cookie
+ *   C4_HAVE_PROBE_SND_WND           tcp:tcp_probe has snd_wnd (zero-window intervals)
  *   C4_HAVE_RETRANS_ERR             tcp:tcp_retransmit_skb has err (6.x: fires on failures too)
  *   C4_HAVE_KFREE_REASON            skb:kfree_skb has reason (5.17+)
  *   C4_HAVE_RX_SK                   skb:kfree_skb has rx_sk (drops attributable to a socket)
@@ -84,7 +85,8 @@ enum { EV_RETRANS_BURST = 1, EV_RESET_SENT = 2, EV_RESET_RECEIVED = 3 };
 
 struct config {
 	u32 flags;
-	u32 epoch;     /* bumped by user space at each collect: a burst counts within one epoch */
+	u32 epoch;     /* bumped by user space at each collect: a burst counts within one epoch;
+	                * never 0 once configured (0: filters not filled yet, trace nothing) */
 	u32 burst;     /* retransmits per flow per epoch that emit an event; 0: never */
 	u32 cg_level;  /* level of the configured cgroup v2 in the hierarchy */
 	u64 cg_id;     /* its id (inode number of the cgroup directory) */
@@ -108,6 +110,8 @@ struct flow {
 	u32 pid;            /* tgid of the owner, 0 if unknown */
 	u32 burst_epoch;
 	u32 burst_count;
+	u32 zero_wnd;       /* epochs (intervals) in which a segment found the peer's window 0 */
+	u32 zwnd_epoch;     /* the last of them */
 	u16 sport;
 	u16 dport;
 	u16 family;
@@ -180,10 +184,13 @@ static __always_inline void emit(void *ctx, struct event *e)
 		stat_inc(S_EVENTS_LOST);
 }
 
+/* NULL until user space has filled the filters (epoch 0): the programs are attached before
+ * the maps are filled, and a flow created in between would bypass the filters. */
 static __always_inline struct config *cfg(void)
 {
 	int zero = 0;
-	return config.lookup(&zero);
+	struct config *c = config.lookup(&zero);
+	return c && c->epoch ? c : 0;
 }
 
 static __always_inline int port_ok(struct config *c, u16 sport, u16 dport)
@@ -333,6 +340,14 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
 #endif
 	f->srtt_us = args->srtt;
 	f->cwnd = args->snd_cwnd;
+#ifdef C4_HAVE_PROBE_SND_WND
+	/* the window the peer advertised (before this segment): 0 while its application does
+	 * not read (stopped, hung) and our data fills its buffer; counted once per epoch */
+	if (args->snd_wnd == 0 && f->zwnd_epoch != c->epoch) {
+		f->zwnd_epoch = c->epoch;
+		f->zero_wnd++;
+	}
+#endif
 #ifdef C4_HAVE_PROBE_COOKIE
 	f->cookie = args->sock_cookie;
 #endif

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from c4.core.wire.sections.tcp_flows import MAX_FLOWS_PER_REPORT
+from c4.core.wire.sections.tcp_flows import MAX_FLOWS_PER_REPORT, MAX_OWNERS, PROC_STATES
 
 from .. import bpf
 from ..jobs import JobResolver
@@ -198,6 +198,7 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
 
     optional = [
         (has("tcp/tcp_probe", "sock_cookie"), "C4_HAVE_PROBE_COOKIE", "cookie"),
+        (has("tcp/tcp_probe", "snd_wnd"), "C4_HAVE_PROBE_SND_WND", "zero_window"),
         (has("tcp/tcp_retransmit_skb", "err"), "C4_HAVE_RETRANS_ERR", "retrans_err"),
         (has("skb/kfree_skb", "reason"), "C4_HAVE_KFREE_REASON", "drop_reason"),
         (has("skb/kfree_skb", "rx_sk"), "C4_HAVE_RX_SK", "rx_sk"),
@@ -229,7 +230,7 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
 # ------------------------------------------------------------------------ map-entry decoding
 
 # Layouts of struct flow / struct event in bpf/tcp_flows.c (sizes checked against BCC's).
-FLOW_LAYOUT = struct.Struct("=5Q11I3H5B16s16s16sx")
+FLOW_LAYOUT = struct.Struct("=5Q13I3H5B16s16s16sx")
 EVENT_LAYOUT = struct.Struct("=Q3I3H2B16s16s16s4x")
 CLOSED_KEY = struct.Struct("=2Q")
 FIRST_NS = struct.Struct("=Q")  # struct flow starts with first_ns
@@ -278,6 +279,8 @@ class FlowEntry(NamedTuple):
     pid: int
     burst_epoch: int
     burst_count: int
+    zero_wnd: int
+    zwnd_epoch: int
     sport: int
     dport: int
     family: int
@@ -346,12 +349,12 @@ def _layout_keeping(names: tuple[str, ...]) -> struct.Struct:
 # what a changed flow's row needs, in layout order: unpacked for every changed flow every
 # interval, it skips the 16-byte strings and the fields only the kernel uses
 HOT_FIELDS = ("first_ns", "cookie", "bytes_acked", "bytes_received", "retrans", "retrans_fail",
-              "drops", "last_drop_reason", "state_changes", "srtt_us", "cwnd", "pid", "state",
-              "owner_known", "ignored", "closed")
+              "drops", "last_drop_reason", "state_changes", "srtt_us", "cwnd", "pid",
+              "zero_wnd", "state", "owner_known", "ignored", "closed")
 HOT_LAYOUT = _layout_keeping(HOT_FIELDS)
 
-Counts = tuple[int, int, int, int]  # bytes_acked, bytes_received, retrans, drops
-ZERO: Counts = (0, 0, 0, 0)
+Counts = tuple[int, int, int, int, int]  # bytes_acked, bytes_received, retrans, drops, zero_wnd
+ZERO: Counts = (0, 0, 0, 0, 0)
 LISTED, UNATTRIBUTED, IGNORED = 0, 1, 2  # what a flow is to the report
 COUNTER_KEYS = ("state", "bytes_acked", "bytes_received", "retrans_segs", "bytes_acked_delta",
                 "bytes_received_delta", "retrans_segs_delta", "bytes_acked_rate",
@@ -440,11 +443,17 @@ class FlowTable:
         return TableResult(rows, len(listed) - len(rows), kinds[LISTED] + kinds[UNATTRIBUTED],
                            kinds[UNATTRIBUTED], unchanged)
 
+    def owners(self) -> dict[int, str]:
+        """pid -> job of the processes owning tracked flows that carry a job, listed this
+        interval or not (a hung job's flows are all unchanged)."""
+        return {st.pid: st.template["job"] for st in self._seen.values()
+                if st.kind == LISTED and "job" in st.template}
+
     def _take(self, sk: int, raw: bytes, st: Seen | None, per_s: float,
               listed: list[Listed]) -> Seen:
         """The flow's state after entry `raw`; its row goes to `listed` unless it is hidden."""
         (first_ns, cookie, acked, received, retrans, retrans_fail, drops, last_drop,
-         state_changes, srtt_us, cwnd, pid, state, owner_known, ignored,
+         state_changes, srtt_us, cwnd, pid, zero_wnd, state, owner_known, ignored,
          closed) = HOT_LAYOUT.unpack(raw)
         if st is None or st.first_ns != first_ns:  # new, or its socket address was reused
             st = Seen(first_ns)
@@ -459,7 +468,7 @@ class FlowTable:
         if st.pid != pid or st.cookie != cookie:
             st.pid, st.cookie, st.template = pid, cookie, self._template(FlowEntry.decode(raw))
         p = st.counts
-        st.counts = (acked, received, retrans, drops)
+        st.counts = (acked, received, retrans, drops, zero_wnd)
         acked_d, received_d, retrans_d = acked - p[0], received - p[1], retrans - p[2]
         row = st.template.copy()
         row["state"] = TCP_STATE_NAMES.get(state, "UNKNOWN")
@@ -481,6 +490,9 @@ class FlowTable:
             row["drops"] = drops
             row["drops_delta"] = drops - p[3]
             row["last_drop_reason"] = self.drop_names.get(last_drop, f"REASON_{last_drop}")
+        if zero_wnd:
+            row["zero_window"] = zero_wnd
+            row["zero_window_delta"] = zero_wnd - p[4]
         listed.append((acked_d + received_d, retrans_d, st, row))
         return st
 
@@ -526,8 +538,10 @@ class Reporter:
     """Snapshot -> report section and events: the collector minus the kernel."""
 
     def __init__(self, opts: Options, feats: Features, netns_of: Callable[[int], int],
-                 job_of: Callable[[int], str | None] = lambda pid: None) -> None:
+                 job_of: Callable[[int], str | None] = lambda pid: None,
+                 state_of: Callable[[int], str] | None = None) -> None:
         self.opts, self.feats = opts, feats
+        self.state_of = state_of or proc_state_reader(Path("/proc"))
         self.table = FlowTable(opts.max_report_flows, opts.owner_filter, netns_of,
                                feats.drop_reasons, job_of=job_of)
         self._drops: dict[str, int] = {}
@@ -553,6 +567,10 @@ class Reporter:
         self._drops = drops
         if self.opts.owner_filter:
             section["unattributed"] = res.unattributed
+        owners = self.table.owners()
+        if owners:  # one /proc read per job process per interval
+            section["owners"] = [{"pid": pid, "state": self.state_of(pid), "job": owners[pid]}
+                                 for pid in sorted(owners)[:MAX_OWNERS]]
         events = [e for e in (decode_event(raw, self.feats.rst_reasons) for raw in snap.events)
                   if e]
         if len(events) > self.opts.max_events:
@@ -572,6 +590,22 @@ def _netns_reader(proc_root: Path) -> Callable[[int], int]:
         except OSError:
             return 0  # the process is gone (or another pid namespace)
     return netns_of
+
+
+def proc_state_reader(proc_root: Path) -> Callable[[int], str]:
+    """pid -> its state letter in `<proc_root>/<pid>/stat` (`X`: gone or unreadable)."""
+    root = str(proc_root)
+
+    def state_of(pid: int) -> str:
+        try:
+            with open(f"{root}/{pid}/stat", "rb") as f:
+                stat = f.read(512)
+        except OSError:
+            return "X"
+        # the state follows the command name, which may contain spaces and parentheses
+        state = stat[stat.rfind(b")") + 2:][:1].decode("ascii", "replace")
+        return state if state in PROC_STATES else "X"
+    return state_of
 
 
 ENOTSUPP = 524  # the kernel's internal "not supported", not in Python's errno
@@ -694,7 +728,8 @@ class TcpFlowsCollector(Collector):
             raise
         self._bpf, self._ringbuf = b, feats.ringbuf
         self._reporter = Reporter(self.opts, feats, _netns_reader(self.ctx.proc_root),
-                                  JobResolver(self.ctx.proc_root).job_of)
+                                  JobResolver(self.ctx.proc_root).job_of,
+                                  proc_state_reader(self.ctx.proc_root))
         self._last = self.ctx.clock()
         self.ctx.log.info("tcp_flows: tracing with %s", ", ".join(feats.names))
 
@@ -737,7 +772,7 @@ class TcpFlowsCollector(Collector):
         else:
             b.perf_buffer_poll(timeout=0)
         # a retransmit burst counts within one interval: start the next one
-        self._config.epoch = (self._config.epoch + 1) & 0xFFFFFFFF
+        self._config.epoch = self._config.epoch % 0xFFFFFFFF + 1  # 0 means "not configured"
         b[b"config"][ctypes.c_int(0)] = self._config
         maps = self._maps
         keys, values = maps["flows"].read_packed()  # u64 socket address -> struct flow

@@ -4,6 +4,7 @@ replayed as they were and edited to what the kernel would hold in other cases.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from c4.agent.collectors.tcp_flows import (
     FLOW_LAYOUT, HOT_FIELDS, HOT_LAYOUT, FlowEntry, Reporter, Snapshot, decode_event,
-    detect_features, drop_counts, parse_options,
+    detect_features, drop_counts, parse_options, proc_state_reader,
 )
 from tests.wire_check import validate_sample
 
@@ -78,6 +79,10 @@ def test_deltas_then_closed_once_then_forgotten(capture: dict[str, Any], fixture
     interval = capture["snapshots"][1]["t"] - capture["snapshots"][0]["t"]
     assert c2["bytes_acked_rate"] == pytest.approx((meta["second"] + 1) / interval)
     assert c2["netns"] == 4026531840 and c2["closed"] is False
+    # the server read the first transfer late: the client's probe found its window closed
+    assert (c1["zero_window"], c1["zero_window_delta"]) == (1, 1)
+    assert (c2["zero_window"], c2["zero_window_delta"]) == (1, 0)
+    assert "zero_window" not in by_ports(s1, port, cport)  # the server's window never closed
 
     done = {(f["sport"], f["dport"]): f for f in closed.section["flows"]}
     assert set(done) == {(cport, port), (port, cport)}
@@ -98,6 +103,43 @@ def test_reports_validate_against_the_wire_schema(capture: dict[str, Any],
                                                   fixtures: Path) -> None:
     for s in replay(reporter(fixtures), capture):
         validate_sample("tcp_flows", s)
+
+
+def test_owners_of_job_flows_carry_their_process_state(capture: dict[str, Any],
+                                                        fixtures: Path) -> None:
+    """One state read per job process per report, listed flows or not (a stopped process's
+    flows are all unchanged); processes without a job are not listed."""
+    meta = capture["meta"]
+    feats = detect_features(fixtures / "tcp_flows" / "tracefs", "6.18.44", 16384)
+    states = iter(["S", "T", "T", "T"])
+    reads: list[int] = []
+
+    def state_of(pid: int) -> str:
+        reads.append(pid)
+        return next(states)
+
+    rep = Reporter(parse_options({}), feats, lambda pid: 0, job_of=lambda pid: "job-7",
+                   state_of=state_of)
+    snaps = [snapshot(raw) for raw in capture["snapshots"][:2]]
+    first = rep.report(snaps[0], 1.0).section
+    assert first["owners"] == [{"pid": meta["pid"], "state": "S", "job": "job-7"}]
+    second = rep.report(snaps[1], 1.0).section
+    idle = rep.report(snaps[1], 1.0).section  # nothing changed: no flow listed
+    assert second["owners"][0]["state"] == idle["owners"][0]["state"] == "T"
+    assert idle["flows"] == [] and idle["unchanged"] == 2
+    validate_sample("tcp_flows", rep.report(snaps[1], 1.0))
+    assert reads == [meta["pid"]] * 4
+    nojob = Reporter(parse_options({}), feats, lambda pid: 0, state_of=state_of)
+    assert "owners" not in nojob.report(snaps[0], 1.0).section
+
+
+def test_proc_state_reader(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "stat").write_text("42 (a) b) (c) T 1 42 42 0 -1 4194560 " + "0 " * 40)
+    read = proc_state_reader(tmp_path)
+    assert read(42) == "T"  # after the last ')' of a name with spaces and parentheses
+    assert read(43) == "X"  # gone
+    assert proc_state_reader(Path("/proc"))(os.getpid()) in ("R", "S")
 
 
 def test_top_flows_by_activity_and_omitted_count(capture: dict[str, Any],
@@ -122,7 +164,7 @@ def test_owner_filter_hides_flows_with_unknown_owner(capture: dict[str, Any],
     # the same flow as the kernel holds it before its owner was seen: first 8 bytes are
     # first_ns, owner_known is the 3rd of the 5 flag bytes after the u16 fields
     unknown = bytearray(raw.live[sk_client])
-    unknown[5 * 8 + 11 * 4 + 3 * 2 + 2] = 0
+    unknown[5 * 8 + 13 * 4 + 3 * 2 + 2] = 0
     assert not FlowEntry.decode(bytes(unknown)).owner_known
     assert entry._replace(owner_known=0) == FlowEntry.decode(bytes(unknown))
     raw.live[sk_client] = bytes(unknown)

@@ -14,6 +14,21 @@ PORT = Int(0, 65535)
 COMM = Str(16)
 REASON = Str(64, r"[A-Z0-9_]+")
 RATE = Float(0, 1e15)
+MAX_OWNERS = 1024  # distinct job processes owning tracked flows on one host
+# /proc/PID/stat state letters (R running, S sleeping, D uninterruptible, T stopped, t traced,
+# Z zombie, X gone, I idle kernel thread, P parked); `X` also when /proc/PID is gone
+PROC_STATES = ("R", "S", "D", "T", "t", "Z", "X", "I", "P", "W", "K")
+
+OWNER = Record(
+    required={"pid": U32, "state": Enum(PROC_STATES), "job": Str(128)},
+    doc={
+        "pid": "process (thread group) owning some of the host's tracked flows",
+        "state": "its state letter from `/proc/PID/stat` when the report was made: `R` "
+                 "running, `S` sleeping, `D` uninterruptible sleep, `T` stopped (SIGSTOP), `t` "
+                 "stopped by a tracer, `Z` zombie, `X` gone (no /proc entry)",
+        "job": "its job id, as on its flows",
+    },
+)
 
 FLOW = Record(
     required={
@@ -46,6 +61,8 @@ FLOW = Record(
         "last_drop_reason": REASON,
         "cookie": Int(1, 2**64 - 1),
         "job": Str(128),
+        "zero_window": COUNTER,
+        "zero_window_delta": COUNTER,
     },
     doc={
         "saddr": "local address (IPv4 dotted or IPv6 text; an IPv6 socket talking IPv4 shows "
@@ -90,6 +107,11 @@ FLOW = Record(
         "job": "job id of the owner process, from its environment (`C4_JOB_ID`, "
                "`SLURM_JOB_ID`, ... as for `nccl`), read when the flow is first reported; "
                "absent when unknown. C4D compares the connections of one job",
+        "zero_window": "report intervals in which a segment from the peer found its receive "
+                       "window at 0 (tcp:tcp_probe `snd_wnd`): our data filled the buffer of a "
+                       "peer whose application does not read (stopped, hung, or slower than "
+                       "the data); absent while 0 or on kernels without `snd_wnd`",
+        "zero_window_delta": "zero_window since the previous report",
     },
 )
 
@@ -110,6 +132,7 @@ SECTION = Record(
         "events_lost": COUNTER,
         "events_suppressed": U32,
         "features": List(Str(32, r"[a-z0-9_]+"), 32),
+        "owners": List(OWNER, MAX_OWNERS),
     },
     doc={
         "flows": "connections whose counters, state, RTT or owner changed since the "
@@ -139,6 +162,10 @@ SECTION = Record(
         "events_suppressed": "events over `max_events` this interval, counted and not sent",
         "features": "optional kernel features in use, e.g. `ringbuf`, `rx_sk`, "
                     "`sock_length`, `send_reset`, `receive_reset`",
+        "owners": "every process owning a tracked flow that carries a `job`, listed flows or "
+                  "not, with its state read once per report: a job whose flows all stopped "
+                  "moving while one of its processes is stopped (`T`) has a hung rank there. "
+                  "At most 1024, lowest pids first; absent when none",
     },
 )
 
