@@ -71,7 +71,7 @@ class Collector(ABC):
         self.ctx = ctx
         self.options = dict(options)
 
-    def start(self) -> None:
+    def start(self) -> None:  # noqa: B027  # optional hook: most collectors need nothing
         """Acquire resources (load BPF, open files). Raise CollectorUnavailable(reason)."""
 
     @abstractmethod
@@ -82,5 +82,5 @@ class Collector(ABC):
         """Fields merged into the `hello` body (e.g. `nics`), or None."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  # optional hook
         """Release resources; called once on stop."""

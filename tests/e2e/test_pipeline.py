@@ -177,10 +177,10 @@ def test_bad_frames_are_rejected_with_reasons_while_serving(cluster: Cluster,
             if reason == "unsupported_version":
                 assert reply.body["supported"] == [1]
                 assert "9.0 is not supported" in reply.body["reason"]
-            wait_for(lambda: cluster.api("/api/v1/stats")["rejected"][reason] == before + 1,
+            wait_for(lambda r=reason, n=before: cluster.api("/api/v1/stats")["rejected"][r] == n + 1,
                      what=f"{reason} counter")
             # ...and the well-behaved agent is still being served.
-            wait_for(lambda: cluster.api(f"/api/v1/hosts/{HOST}")["reports"] > reports_before,
+            wait_for(lambda n=reports_before: cluster.api(f"/api/v1/hosts/{HOST}")["reports"] > n,
                      what="the good agent's next report")
     finally:
         sock.close()

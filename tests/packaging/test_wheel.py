@@ -1,7 +1,8 @@
-"""The distribution as users get it: `pip wheel .` installed into a fresh venv, away from the
-checkout. Every module imports from the wheel, no generic top-level `agent`/`aggregator`
-lands in site-packages, the layer contract holds (import-linter on the installed tree), and
-(as root) the eBPF collectors load their C source from the wheel's package data."""
+"""The distribution as users get it, and the checks that keep it clean: `pip wheel .` installed
+into a fresh venv, away from the checkout. Every module imports from the wheel, no generic
+top-level `agent`/`aggregator` lands in site-packages, the layer contract holds (import-linter
+on the installed tree), (as root) the eBPF collectors load their C source from the wheel's
+package data, ruff finds nothing, and c4.core passes mypy --strict."""
 from __future__ import annotations
 
 import os
@@ -107,3 +108,20 @@ def test_ebpf_collector_loads_from_the_wheel(venv: Path) -> None:
     out = _run(venv, code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("flows ")
+
+
+def test_ruff_finds_nothing() -> None:
+    out = subprocess.run([str(Path(sys.executable).parent / "ruff"), "check", "--no-cache",
+                          "agent", "aggregator", "bpf", "c4", "lab", "bench", "tests"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_mypy_strict_on_core(venv: Path) -> None:
+    """The bottom layer, which every other imports, is checked strictly (issue 9); mypy runs
+    on the installed tree, where c4.core sits in its package as users get it."""
+    site = _run(venv, "import c4, os; print(os.path.dirname(os.path.dirname(c4.__file__)))")
+    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--ignore-missing-imports",
+                          "--no-incremental", "-p", "c4.core"], capture_output=True, text=True,
+                         cwd=site.stdout.strip())
+    assert out.returncode == 0, out.stdout[-4000:]

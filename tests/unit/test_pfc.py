@@ -91,7 +91,7 @@ def test_rdma_ports_map_to_netdevs_with_deltas_and_storm_events(fixtures):
     s = c.collect(110.0)
     valid(s)
     e = {x["netdev"]: x for x in s.section["netdevs"]}["ens2f1np1"]
-    for name, value in e["counters"].items():
+    for name in e["counters"]:
         assert e["deltas"][name] == b[name] - a[name]
         assert e["rates"][name] == pytest.approx((b[name] - a[name]) / 10.0)
     assert e["deltas"]["rx_prio3_pause"] > 0

@@ -60,7 +60,7 @@ def test_frames_are_valid_hello_first_and_contiguous_per_host(tmp_path):
     for f in _frames(out):  # decode validates every frame against the schemas
         seen[f.host].append(f)
     assert len(seen) == 4
-    for host, frames in seen.items():
+    for frames in seen.values():
         assert frames[0].kind == "hello"
         assert [f.seq for f in frames] == list(range(1, len(frames) + 1))
         assert len({f.boot for f in frames}) == 1
