@@ -19,6 +19,7 @@ from c4.core.sdnotify import Notifier
 from .alerts import Alerts, AlertsConfig
 from .api import Api, serve
 from .auth import ZapHandler, curve_server
+from .checkpoint import Checkpointer
 from .metrics import ClusterMetrics
 from .planner.metrics import PlanMetrics
 from .config import AggregatorConfig
@@ -84,6 +85,9 @@ class Server:
         self.lock = threading.Lock()
         # The API thread reads diagnosis state through its own lock; SQLite is shared.
         self.core = build_core(cfg, clock=clock, check_same_thread=False)
+        # WAL checkpoints (fsyncs) on their own thread, not inside an ingest commit
+        self.checkpointer = (None if str(cfg.db) == ":memory:" else
+                             Checkpointer(str(cfg.db), self.core.store.conn))
         self.api = Api(self.core.ingest, self.core.diagnosis, self.lock, clock)
         self.api.planner = self.core.planner
         if self.core.planner is not None:
@@ -255,6 +259,8 @@ class Server:
         if self.zap is not None:
             self.zap.close()
         self.zctx.term()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         log.info("aggregator stopped")
 
 
