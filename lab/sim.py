@@ -61,7 +61,9 @@ RANK_KINDS = ("hang", "straggler", "xid", "sigstop", "kernel-hang")
 INSIDE_KINDS = ("nic-down", "sigstop", "kernel-hang")  # every rank enters the stuck op
 AGENT_REPEATS = 5  # the agent repeats a silent process's last summary this many intervals
 TRANSPORTS = ("nccl", "tcp")
-TCP_KINDS = ("slow-node", "slow-link", "lossy-link", "slow-fabric")  # what a TCP-only job can show
+# what a TCP-only job can show; a hang there is a stopped process (the lab's SIGSTOP): its
+# state is `T` in the agent's owners, its peers' windows to it close, every flow goes idle
+TCP_KINDS = ("slow-node", "slow-link", "lossy-link", "slow-fabric", "hang", "sigstop")
 TCP_PORT = 29500  # the job's listening port (the rendezvous side of each connection)
 TCP_GOODPUT = 1.2e9  # bytes/s per connection at nominal speed
 TCP_SRTT_US = 40.0
@@ -86,14 +88,18 @@ class Fault:
     def parse(cls, spec: str) -> "Fault":
         """KIND:TARGET@START[-END][;KEY=VALUE...], e.g. `slow-link:node001,node002@30-90`,
         `lossy-link:leaf01-spine00@20;loss=0.002;dir=up`, `slow-node:node003/mlx5_1@9;x=1.11`
-        (keys: `x` slowdown factor, `loss` packet loss rate, `dir` up | down | both)."""
+        (keys: `x` slowdown factor, `loss` packet loss rate, `dir` up | down | both, `ahead`
+        0 | 1 for sigstop: whether the culprit's ring successor finished the op, see
+        Simulator._freeze)."""
         spec, *opts = spec.split(";")
         params = {}
         for o in opts:
             k, eq, v = o.partition("=")
-            if not eq or k not in ("x", "loss", "dir"):
-                raise SimError(f"fault option {o!r}: expected x=, loss= or dir=")
+            if not eq or k not in ("x", "loss", "dir", "ahead"):
+                raise SimError(f"fault option {o!r}: expected x=, loss=, dir= or ahead=")
             params[k] = v
+        if params.get("ahead", "0") not in ("0", "1"):
+            raise SimError(f"fault option ahead={params['ahead']}: expected 0 or 1")
         if params.get("dir", "both") not in ("up", "down", "both"):
             raise SimError(f"fault option dir={params['dir']}: expected up, down or both")
         try:
@@ -216,6 +222,7 @@ class Incarnation:
         self.stall_since: float | None = None
         self.culprits: set[int] = set()  # ranks that did not enter the stalled op
         self.inside: dict[int, str] = {}  # rank -> sigstop | kernel-hang: entered, stuck in it
+        self.ahead: set[int] = set()  # finished the stuck op, wait in the next (pipelined ring)
         self.repeats: dict[int, list] = {}  # sigstopped rank -> [last summary, times repeated]
         self.stall_events: set[int] = set()
 
@@ -226,6 +233,16 @@ class Incarnation:
         i = bisect.bisect_right(self.knots, (t, math.inf, math.inf)) - 1
         t0, s0, rate = self.knots[max(i, 0)]
         return s0 + (t - t0) * rate
+
+    def busy(self, t0: float, t1: float) -> float:
+        """Seconds of [t0, t1) in which the job progressed (its connections carried data)."""
+        tail = sorted(self.knots[-16:])  # a few intervals back; knots are nearly in order
+        end = self.end if self.end is not None else math.inf
+        out = 0.0
+        for (ta, _, rate), (tb, _, _) in zip(tail, tail[1:] + [(math.inf, 0.0, 0.0)]):
+            if rate > 0:
+                out += max(0.0, min(tb, t1, end) - max(ta, t0))
+        return out
 
     def t_of(self, s: float) -> float:
         """First time progress reached s (s must have been reached)."""
@@ -630,6 +647,7 @@ class Simulator:
                 inc.frozen_at = inc.stall_since = None
                 inc.culprits.clear()
                 inc.inside.clear()
+                inc.ahead.clear()
                 inc.repeats.clear()
                 inc.stall_events.clear()
             return
@@ -671,6 +689,21 @@ class Simulator:
                 fj, r = self.rank_ref(int(f.target))
                 if fj is job:
                     inc.inside[r] = f.kind
+                    if f.kind == "sigstop" and self._downstream_done(job, f, stop - base, cf):
+                        # A pipelined ring stopped late in the op: the culprit had already
+                        # forwarded what its successor still needed, so that rank finishes the
+                        # op (the lab saw it) and waits in the next one, ahead of everyone.
+                        nxt = job.send_of[r][0].dst if job.send_of[r] else None
+                        if nxt is not None and nxt not in inc.inside:
+                            inc.ahead.add(nxt)
+
+    @staticmethod
+    def _downstream_done(job: Job, f: Fault, frac: float, cf: float) -> bool:
+        """Whether the culprit stopped after forwarding its successor's last data: `ahead=`
+        says so, else a ring stopped in the second half of the op's communication does."""
+        if "ahead" in f.params:
+            return f.params["ahead"] == "1"
+        return job.collective == "ring" and frac >= cf + (1 - cf) / 2
 
     def _restart(self, job: Job, tr: float) -> None:
         inc = job.current(tr)
@@ -784,7 +817,7 @@ class Simulator:
             if live and self.cfg.transport == "nccl":
                 comms += self._comms(job, inc, host, t, traffic)  # type: ignore[arg-type]
             elif live:
-                tcp = self._tcp_flows(job, host, t)
+                tcp = self._tcp_flows(job, inc, host, t)  # type: ignore[arg-type]
         if self.cfg.transport == "tcp":
             body["tcp_flows"] = tcp
         else:
@@ -813,6 +846,10 @@ class Simulator:
             culprit = r in inc.culprits and frozen
             if culprit:
                 done = started = math.floor(inc.frozen_at)  # type: ignore[arg-type]
+                n = done - math.floor(s_prev)
+            elif frozen and r in inc.ahead:  # completed the stuck op, inside the next one
+                done = math.floor(inc.frozen_at) + 1  # type: ignore[arg-type]
+                started = done + 1
                 n = done - math.floor(s_prev)
             else:
                 done = math.floor(s_now)
@@ -874,28 +911,35 @@ class Simulator:
             out.append(s)
         return out
 
-    def _tcp_flows(self, job: Job, host: str, t: float) -> dict[str, Any]:
+    def _tcp_flows(self, job: Job, inc: Incarnation, host: str, t: float) -> dict[str, Any]:
         """Every socket of the host's process (a refresh each interval): per direction, goodput
-        falls and srtt rises with the connection's slowdown, retransmits with its loss."""
+        falls and srtt rises with the connection's slowdown, retransmits with its loss; bytes
+        move only while the job progresses. A stopped process (hang, sigstop) is `T` in the
+        owners, and its peers' probes find its receive window closed."""
         iv, rng = self.cfg.interval, self.rng
         me = job.hosts.index(host)
         faults = [f for f in self.faults if f.active(t)]
+        stopped = {job.host_of[r]: f.start for f in faults if f.kind in ("hang", "sigstop")
+                   for fj, r in [self.rank_ref(int(f.target))] if fj is job}
+        busy = inc.busy(t - iv, t) / iv
         sent = {c.dst_host: c for c in job.send_of[me * job.G]}
         got = {c.src_host: c for c in job.recv_of[me * job.G]}
         flows = []
         for peer, c in sent.items():
-            acked = int(TCP_GOODPUT * iv / c.mult)
+            acked = int(TCP_GOODPUT * iv * busy / c.mult)
             loss = TCP_LOSS_PER_MB
             for f in faults:
                 if self._conn_fault(f, c) > 1.0:
                     loss *= TCP_LOSS.get(f.kind, 1.0)
             loss += c.loss * 1e6 / 1448  # a lost segment per lost packet of MSS bytes
             retrans = _poisson(rng, loss * acked / 1e6)
-            rcvd = int(TCP_GOODPUT * iv / got[peer].mult) if peer in got else 0
-            st = self.sockets.setdefault((host, peer), [0, 0, 0])
+            rcvd = int(TCP_GOODPUT * iv * busy / got[peer].mult) if peer in got else 0
+            st = self.sockets.setdefault((host, peer), [0, 0, 0, 0])
             st[0] += acked
             st[1] += rcvd
             st[2] += retrans
+            zero = peer in stopped and _probed(t - iv - stopped[peer], t - stopped[peer])
+            st[3] += zero
             other = job.hosts.index(peer)
             # the lower host index connected: it holds the ephemeral port
             sport, dport = ((40000 + other, TCP_PORT) if me < other else
@@ -911,12 +955,20 @@ class Simulator:
                 "srtt_us": int(TCP_SRTT_US * c.mult * math.exp(rng.gauss(0.0, 0.05))),
                 "cwnd": 10 + int(rng.uniform(0, 200) / c.mult), "closed": False,
                 "job": job.id})
-        return self._tcp_section(flows)
+            if st[3]:
+                flows[-1].update(zero_window=st[3], zero_window_delta=int(zero))
+        state = "T" if host in stopped else "R" if busy > 0.5 else "S"
+        return self._tcp_section(flows, [{"pid": job.pids[me * job.G], "state": state,
+                                          "job": job.id}])
 
     @staticmethod
-    def _tcp_section(flows: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"flows": flows, "omitted": 0, "tracked": len(flows), "unchanged": 0,
-                "refresh": True, "map_full": 0, "drops": {}, "drops_delta": {}}
+    def _tcp_section(flows: list[dict[str, Any]],
+                     owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        out = {"flows": flows, "omitted": 0, "tracked": len(flows), "unchanged": 0,
+               "refresh": True, "map_full": 0, "drops": {}, "drops_delta": {}}
+        if owners:
+            out["owners"] = owners
+        return out
 
     def _ports(self, host: str, t: float, traffic: dict[str, list[int]]) -> list[dict[str, Any]]:
         cfg, rng = self.cfg, self.rng
@@ -1048,10 +1100,11 @@ class Simulator:
             waiting += [{"peer": c.src, "channel": c.channel, "dir": "recv",
                          "state": "RecvGPUWait" if r in kernel and not c.stuck else "RecvWait",
                          "idle_s": self.cfg.stall_event_s} for c in job.recv_of[r]]
+            seq = done + (r in inc.ahead)
             yield te, _event("nccl_stall", "error", {
-                "comm": inc.comm, "rank": r, "nranks": job.nranks, "seq": done,
+                "comm": inc.comm, "rank": r, "nranks": job.nranks, "seq": seq,
                 "func": "AllReduce", "age_s": self.cfg.stall_event_s, "waiting": waiting,
-                "pid": job.pids[r], "job": job.id, "seq_completed": done}, "", None)
+                "pid": job.pids[r], "job": job.id, "seq_completed": seq}, "", None)
 
 
 def _event(type_: str, severity: str, attrs: dict[str, Any], msg: str,
@@ -1085,6 +1138,21 @@ def _loss(f: Fault, slowdown: float) -> float:
 def _loss_slowdown(p: float) -> float:
     """Network time per byte at loss rate p, relative to none (resent windows)."""
     return 1.0 + min(p, 0.5) * GBN_WINDOW
+
+
+ZERO_PROBE_S = 0.2  # TCP's first zero-window probe (RTO minimum); each next one doubles
+ZERO_PROBE_MAX_S = 120.0
+
+
+def _probed(a: float, b: float) -> bool:
+    """Whether a zero-window probe of a sender blocked since time 0 falls in (a, b]."""
+    t, gap = ZERO_PROBE_S, ZERO_PROBE_S
+    while t <= b:
+        if t > a:
+            return True
+        gap = min(2 * gap, ZERO_PROBE_MAX_S)
+        t += gap
+    return False
 
 
 def _crosses(c: Conn, link: str, direction: str | None) -> bool:

@@ -53,16 +53,24 @@ class HangDetector:
         if not stalled:
             self._recovered(comm)
             return []
-        # W: the ordinal the stalled ranks wait in (c4/core/ordinals.py: 0-based, unlike the
-        # counts seq_started / seq_completed)
-        wseq = max(ordinals.position(r.seq_started, r.inflight)[0] for r in stalled)
+        # W: the oldest op a stalled rank waits in (c4/core/ordinals.py: 0-based, unlike the
+        # counts seq_started / seq_completed). Ops complete in stream order and no rank
+        # completes a collective another never entered, so what holds the job is in W. Ranks
+        # stalled in a later op are ahead, not behind: in a pipelined ring a rank downstream
+        # of a rank stopped inside W can finish W (it needed nothing more through it) and wait
+        # in W + 1.
+        wseq = min(ordinals.position(r.seq_started, r.inflight)[0] for r in stalled)
         # behind: stuck in an older op, or idle without having entered the stalled one
         behind = [r for r in live if ordinals.behind(r.seq_started, r.inflight, wseq)]
         stalled_s = max(ages[r.rank] for r in stalled)
         first = now - stalled_s
+        ahead = [r.rank for r in stalled
+                 if ordinals.position(r.seq_started, r.inflight)[0] > wseq]
         ev: dict[str, Any] = {"waiting_ranks": len(stalled), "live_ranks": len(live),
                               "stalled_s": round(stalled_s, 2), "threshold_s": round(thr, 2),
                               "seq": wseq, "func": stalled[0].inflight.get("func")}  # type: ignore[union-attr]
+        if ahead:
+            ev["ahead_ranks"] = sorted(ahead)[:32]
         culprits = behind + missing or self._blockers(comm, live)
         if behind and not missing and all(r.inflight is None for r in behind):
             # alive and idle, not entering the op the others wait in: a checkpoint writer

@@ -197,3 +197,15 @@ def test_checkpoints_by_varying_ranks_teach_no_writers(tmp_path):
                   Fault("hang", "8", 55.0, 70.0)]
     res, _ = replayed(tmp_path, sim)
     assert res.incidents == [], [i["summary"] for i in res.incidents]
+
+
+def test_a_rank_stopped_late_in_a_pipelined_ring_is_named_not_the_ranks_waiting(tmp_path):
+    """The lab's syndrome (issue 13): rank 3 stopped late inside op W; its ring successor had
+    all it needed, finished W and waits in W + 1. The others, still in W, are not behind:
+    one incident names node003 within the hang target."""
+    sim = Simulator(SimConfig(duration=45, seed=3, realism=False, hosts=8, gpus_per_host=1,
+                              leaves=4, spines=2, faults=[Fault.parse("sigstop:3@15;ahead=1")]))
+    res, sc = replayed(tmp_path, sim)
+    assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+    assert sc.localise_s[0] <= 10.0
+    assert res.incidents[0]["evidence"]["ahead_ranks"] == [4]

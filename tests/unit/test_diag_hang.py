@@ -78,22 +78,29 @@ class PluginRing:
         self.diag.tick(self.t)
         self.t += 1.0
 
-    def stall_event(self, r: int, waiting: list[tuple[int, str, str]], age: float) -> None:
+    def stall_event(self, r: int, waiting: list[tuple[int, str, str]], age: float,
+                    seq: int | None = None) -> None:
+        seq = self.done if seq is None else seq
         self._send(host_of(r), "event", {"type": "nccl_stall", "severity": "error", "attrs": {
-            "comm": COMM, "rank": r, "nranks": N, "seq": self.done, "func": "AllReduce",
-            "age_s": age, "seq_completed": self.done,
+            "comm": COMM, "rank": r, "nranks": N, "seq": seq, "func": "AllReduce",
+            "age_s": age, "seq_completed": seq,
             "waiting": [{"peer": p, "channel": 0, "dir": d, "state": st, "idle_s": age}
                         for p, d, st in waiting]}})
 
-    def hang(self, seconds: int, culprit: str) -> None:
+    def hang(self, seconds: int, culprit: str, ahead: int | None = None) -> None:
         """Every rank but CULPRIT enters ordinal `done` and waits there; the culprit: `idle`
         (stopped between collectives), `gone` (entered, then its summaries stopped), `frozen`
         (entered, the agent repeats its last summary), `exited` (its host reports without
-        it), `kernel` (entered, stuck in a kernel; its plugin reports like everyone's)."""
+        it), `kernel` (entered, stuck in a kernel; its plugin reports like everyone's).
+        `ahead`: a rank that finished ordinal `done` and waits in the next one (downstream of
+        a culprit stopped late in a pipelined ring)."""
         k = self.done
         for age in range(1, seconds + 1):
             out: dict[int, dict[str, Any] | None] = {
                 r: self.summary(r, k + 1, k, inflight_age=float(age)) for r in range(N)}
+            if ahead is not None:
+                out[ahead] = self.summary(ahead, k + 2, k + 1, ops=int(age == 1),
+                                          inflight_age=float(age))
             if culprit == "idle":
                 out[CULPRIT] = self.summary(CULPRIT, k, k)
             elif culprit in ("gone", "frozen", "exited") and age > 1:
@@ -104,7 +111,8 @@ class PluginRing:
                 for r in range(N):
                     if out[r] is None or (culprit in ("idle", "frozen") and r == CULPRIT):
                         continue
-                    self.stall_event(r, self.waiting(r, culprit), float(age))
+                    self.stall_event(r, self.waiting(r, culprit), float(age),
+                                     k + 1 if r == ahead else k)
 
     @staticmethod
     def waiting(r: int, culprit: str) -> list[tuple[int, str, str]]:
@@ -136,6 +144,24 @@ def test_the_rank_that_stopped_is_named(culprit):
     assert inc["localised"] - start <= 10.0
     assert inc["evidence"]["seq"] == ring.done  # the ordinal everyone else waits in
     assert CULPRIT in inc["evidence"]["culprit_ranks"]
+
+
+def test_a_rank_that_finished_the_op_downstream_of_the_culprit_is_not_blamed():
+    """The lab's syndrome (issue 13): the culprit stopped late inside ordinal k of a pipelined
+    ring; its successor had everything it needed, finished k and waits in k + 1. The op the
+    job waits in is k (the oldest incomplete one), not k + 1: the ranks still in k are not
+    behind, and the culprit whose summaries stopped is named alone."""
+    nxt = (CULPRIT + 1) % N
+    for culprit in ("frozen", "gone"):
+        ring = PluginRing(completed=0)
+        ring.healthy(20)
+        start = ring.t
+        ring.hang(12, culprit, ahead=nxt)
+        inc = named(ring)
+        assert inc["localised"] - start <= 10.0
+        assert inc["evidence"]["seq"] == ring.done
+        assert inc["evidence"]["ahead_ranks"] == [nxt]
+        assert inc["evidence"]["culprit_ranks"] == [CULPRIT]
 
 
 def test_first_collective_ordinal_zero():
