@@ -510,7 +510,9 @@ class _State:
         maximum reached (MILP over the moved flows' neighbourhood, the rest fixed)."""
         moved = self.moved(prev)
         level = self.max_util()
-        free = self.hood(moved, max(4 * len(moved), 400), level)
+        # a wider neighbourhood solves faster when there is time to set it up
+        wide = HOOD if deadline - time.perf_counter() > 0.2 else 400
+        free = self.hood(moved, max(4 * len(moved), wide), level)
         got = sub_milp(self, free, level, prev, True, deadline)
         if got is None:
             return
@@ -783,7 +785,7 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     if integral:
         lp.integrality_ = ([highspy.HighsVarType.kContinuous] if minmax else []) + \
             [highspy.HighsVarType.kInteger] * len(cols)
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
+    h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", max(1e-3, deadline - time.perf_counter()))
     h.setOptionValue("threads", 1)
