@@ -236,7 +236,9 @@ class Incarnation:
 
     def busy(self, t0: float, t1: float) -> float:
         """Seconds of [t0, t1) in which the job progressed (its connections carried data)."""
-        tail = sorted(self.knots[-16:])  # a few intervals back; knots are nearly in order
+        # a few intervals back; knots are nearly in time order (stable: a freeze at the
+        # instant of a knot comes after it)
+        tail = sorted(self.knots[-16:], key=lambda k: k[0])
         end = self.end if self.end is not None else math.inf
         out = 0.0
         for (ta, _, rate), (tb, _, _) in zip(tail, tail[1:] + [(math.inf, 0.0, 0.0)]):

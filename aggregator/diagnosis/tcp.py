@@ -12,20 +12,35 @@ Agents list only flows that changed (every flow on a `refresh`): the state kept 
 (key: host, saddr, sport, daddr, dport) is forgotten when the flow is reported `closed`, or
 when a refresh with nothing omitted does not list it. An unlisted flow moved no data: its
 cell has no sample that interval, neither slow nor healthy.
+
+Hangs: a job whose flows on every host stopped moving (no host's report moved PROGRESS_BYTES)
+for `hang_floor_s` while every host still reports them. The culprit is named from what a
+hung process leaves: its state in the section's `owners` (`T`, stopped: named at the hang
+floor; `D` in every report of the stall: named after the checkpoint allowance, since a
+checkpoint writer throttled by its disk sleeps the same way), or its peers' flows to it
+finding a zero receive window (it does not read; also named after the allowance: a
+checkpoint writer does not read either). With no culprit the stall looks like a checkpoint,
+evaluation or data loading (every process idle): an unlocalised `comm_hang` only after the
+allowance (`checkpoint_s`, or 1.5x the longest idle stall the job recovered from) and, before
+the job's pace is known, `startup_grace_s`.
 """
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 from . import localise
 from .config import DiagnosisConfig
-from .findings import Finding
-from .model import Model, bare_addr
+from .findings import Finding, Suspect
+from .model import PACE_REPORTS, Model, bare_addr
 from .slow import FRESH_INTERVALS, describe
 from .stats import lower_baseline, median
+
+PROGRESS_BYTES = 4096  # a host's report that moved less on a job's flows: no progress there
+STOPPED = ("T", "t")  # /proc state of a process stopped by a signal or a tracer
+MAX_CULPRIT_HOSTS = 4  # beyond this, "everyone is behind someone": not localised
 
 # metric -> (floor before the log: values below it are "none", unit in summaries)
 METRICS: dict[str, tuple[float, str]] = {
@@ -66,11 +81,31 @@ class TcpCell:
 
 
 @dataclass
+class Owner:
+    """A process owning some of a job's flows on a host, as the host's latest report saw it."""
+
+    state: str
+    since: float  # arrival of the first report of the current run of this state
+
+
+@dataclass
 class TcpJob:
     job: str
     interval: float = 1.0
     cells: dict[tuple[str, str], TcpCell] = field(default_factory=dict)
     baseline: dict[str, tuple[float, float]] | None = None  # metric -> (log center, sigma)
+    # hang state, per host with tracked flows of the job: arrival of its latest report, of
+    # its latest report that moved data, the gaps between those (pace), its owners
+    first: float = 0.0
+    reported: dict[str, float] = field(default_factory=dict)
+    progress: dict[str, float] = field(default_factory=dict)
+    gaps: dict[str, deque[float]] = field(default_factory=dict)
+    owners: dict[str, dict[int, Owner]] = field(default_factory=dict)
+    zero: dict[str, dict[str, float]] = field(default_factory=dict)  # dst -> src -> arrival
+    pause_s: float = 0.0  # 1.5x the longest culprit-free stall it recovered from (learned)
+    # (start, whether its length teaches the job's pauses) of the stall going on: not when a
+    # process was stopped in it, nor before the job's pace was known (start-up)
+    stall: tuple[float, bool] | None = None
 
 
 class TcpDetector:
@@ -81,36 +116,97 @@ class TcpDetector:
         self.flows: dict[str, dict[tuple, Flow]] = {}  # host -> flow key -> state
         self.jobs: dict[str, TcpJob] = {}
         self.skipped: Counter[str] = Counter()  # flows not diagnosed, by reason
+        self.host_jobs: dict[str, Counter[str]] = {}  # host -> job -> its tracked flows
 
     # -- input ----------------------------------------------------------------------------
     def on_report(self, host: str, section: dict[str, Any], interval: float,
                   now: float) -> None:
         table = self.flows.setdefault(host, {})
+        counts = self.host_jobs.setdefault(host, Counter())
         listed: set[tuple] = set()
         acc: dict[tuple[str, str], list] = {}  # (job, daddr) -> [acked, retrans, rtt*bytes]
+        moved: Counter[str] = Counter()  # job -> bytes its flows here moved this interval
+        zero: list[tuple[str, str]] = []  # (job, daddr) whose window was 0 this interval
         for f in section.get("flows") or ():
             key = (f["saddr"], f["sport"], f["daddr"], f["dport"])
             listed.add(key)
             job = self.model.job_of_flow(host, f)
             if not job:
                 self.skipped["no_job"] += 1
-                table.pop(key, None)
+                self._drop(table, counts, key)
                 continue
             self.model.addrs.setdefault(bare_addr(f["saddr"]), (host, None))
             if f["closed"]:
-                table.pop(key, None)
+                self._drop(table, counts, key)
             else:
+                old = table.get(key)
+                if old is None or old.job != job:
+                    self._drop(table, counts, key)
+                    counts[job] += 1
                 table[key] = Flow(job, f["daddr"], f["bytes_acked"], f["retrans_segs"],
                                   f["srtt_us"], now)
             a = acc.setdefault((job, f["daddr"]), [0, 0, 0.0, f["saddr"]])
             a[0] += f["bytes_acked_delta"]
             a[1] += f["retrans_segs_delta"]
             a[2] += f["srtt_us"] * f["bytes_acked_delta"]
+            moved[job] += f["bytes_acked_delta"] + f["bytes_received_delta"]
+            if f.get("zero_window_delta"):
+                zero.append((job, f["daddr"]))
         if section.get("refresh") and not section.get("omitted"):
             for key in [k for k in table if k not in listed]:
-                del table[key]  # the host no longer has it (a close we did not hear of)
+                self._drop(table, counts, key)  # the host no longer has it (a missed close)
         for (job, daddr), (acked, retrans, rtt_b, saddr) in acc.items():
             self._sample(host, job, saddr, daddr, acked, retrans, rtt_b, interval, now)
+        self._progress(host, section, counts, moved, zero, interval, now)
+
+    @staticmethod
+    def _drop(table: dict[tuple, Flow], counts: Counter[str], key: tuple) -> None:
+        old = table.pop(key, None)
+        if old is not None:
+            counts[old.job] -= 1
+            if counts[old.job] <= 0:
+                del counts[old.job]
+
+    def _job(self, job: str, now: float) -> TcpJob:
+        tj = self.jobs.get(job)
+        if tj is None:
+            tj = self.jobs[job] = TcpJob(job, first=now)
+        return tj
+
+    def _progress(self, host: str, section: dict[str, Any], counts: Counter[str],
+                  moved: Counter[str], zero: list[tuple[str, str]], interval: float,
+                  now: float) -> None:
+        """Hang state: which jobs' flows this host holds, whether they moved, the state of
+        their processes, and the peers whose receive window was closed to them."""
+        owners: dict[str, dict[int, str]] = {}
+        for o in section.get("owners") or ():
+            job = self.model.job_of_flow(host, o)
+            if job:
+                owners.setdefault(job, {})[o["pid"]] = o["state"]
+        for job in counts:
+            tj = self._job(job, now)
+            tj.interval = interval or tj.interval
+            tj.reported[host] = now
+            if moved[job] >= PROGRESS_BYTES:
+                last = tj.progress.get(host)
+                if last is not None:
+                    tj.gaps.setdefault(host, deque(maxlen=PACE_REPORTS)).append(now - last)
+                tj.progress[host] = now
+            before = tj.owners.get(host, {})
+            tj.owners[host] = {
+                pid: before[pid] if pid in before and before[pid].state == st else Owner(st, now)
+                for pid, st in owners.get(job, {}).items()}
+        for job, daddr in zero:
+            peer = self.model.addrs.get(bare_addr(daddr))
+            if peer is not None and peer[0] != host and job in self.jobs:
+                self.jobs[job].zero.setdefault(peer[0], {})[host] = now
+        for job in [j for j, tj in self.jobs.items() if host in tj.reported and j not in counts]:
+            self._forget_host(self.jobs[job], host)  # none of its flows left here
+
+    @staticmethod
+    def _forget_host(tj: TcpJob, host: str) -> None:
+        for d in (tj.reported, tj.progress, tj.gaps, tj.owners, tj.zero):
+            d.pop(host, None)  # type: ignore[attr-defined]
 
     def _sample(self, host: str, job: str, saddr: str, daddr: str, acked: int, retrans: int,
                 rtt_b: float, interval: float, now: float) -> None:
@@ -118,9 +214,7 @@ class TcpDetector:
         if peer is None or peer[0] == host:
             self.skipped["peer_unknown" if peer is None else "local"] += 1
             return
-        tj = self.jobs.get(job)
-        if tj is None:
-            tj = self.jobs[job] = TcpJob(job)
+        tj = self._job(job, now)
         tj.interval = interval or tj.interval
         cell = tj.cells.get((host, peer[0]))
         if cell is None:
@@ -160,10 +254,96 @@ class TcpDetector:
             expire = self.cfg.comm_expire_intervals * tj.interval
             for key in [k for k, c in tj.cells.items() if now - c.seen > expire]:
                 del tj.cells[key]
-            if not tj.cells:
+            for host in [h for h, t in tj.reported.items() if now - t > expire]:
+                self._forget_host(tj, host)  # its agent went away (the silent-host detector's)
+            if not tj.cells and not tj.reported:
                 del self.jobs[tj.job]
                 continue
-            out += self._judge(tj, now)
+            if tj.cells:
+                out += self._judge(tj, now)
+            out += self._hang(tj, now)
+        return out
+
+    # -- hangs ----------------------------------------------------------------------------
+    def _hang(self, tj: TcpJob, now: float) -> list[Finding]:
+        cfg = self.cfg
+        hosts = sorted(tj.reported)
+        if len(hosts) < 2:
+            return []
+        start = max(tj.progress.get(h, tj.first) for h in hosts)
+        stalled = now - start
+        stale = cfg.stale_intervals * tj.interval
+        if stalled < cfg.hang_floor_s or any(now - tj.reported[h] > stale for h in hosts):
+            if tj.stall is not None and stalled < cfg.hang_floor_s:  # it moves again
+                if tj.stall[1]:  # recovered by itself: the job's pauses last this long
+                    tj.pause_s = max(tj.pause_s, 1.5 * (start - tj.stall[0]))
+                tj.stall = None
+            return []
+        stopped = {h: sorted(p for p, o in tj.owners.get(h, {}).items() if o.state in STOPPED)
+                   for h in hosts}
+        stopped = {h: p for h, p in stopped.items() if p}
+        gaps = [median(g) for h in hosts if len(g := tj.gaps.get(h, ())) >= 3]
+        started = len(gaps) * 2 > len(hosts)
+        pace = median(gaps) if started else 0.0
+        tj.stall = (start, started and not stopped and (tj.stall is None or tj.stall[1]))
+        allowance = max(cfg.checkpoint_s, tj.pause_s)
+        ev: dict[str, Any] = {
+            "transport": "tcp", "stalled_s": round(stalled, 2), "hosts": len(hosts),
+            "idle_flows": sum(self.host_jobs.get(h, {}).get(tj.job, 0) for h in hosts)}
+        if stopped:
+            thr = cfg.hang_floor_s
+            culprits = {h: ("stopped", p) for h, p in stopped.items()}
+        else:
+            thr = max(cfg.hang_floor_s, cfg.hang_op_factor * pace, allowance,
+                      0.0 if started else cfg.startup_grace_s)
+            if stalled < thr:
+                return []
+            ev["pause_allowance_s"] = round(allowance, 1)
+            culprits = self._sleepers(tj, hosts, start)
+        ev["threshold_s"] = round(thr, 2)
+        if not culprits:
+            summary = (f"every TCP connection of job {tj.job} on its {len(hosts)} hosts "
+                       f"idle for {stalled:.0f}s while its processes run; no process stopped "
+                       f"and no receive window closed: no single component (ambiguous)")
+            return [Finding("comm_hang", tj.job, None, [], summary, ev, start)]
+        return self._noncomm(tj, culprits, ev, start, now)
+
+    def _sleepers(self, tj: TcpJob, hosts: list[str],
+                  start: float) -> dict[str, tuple[str, list[int]]]:
+        """Hosts whose process slept in D through the whole stall, or to which peers found
+        the receive window closed during it (it does not read)."""
+        out: dict[str, tuple[str, list[int]]] = {}
+        for h in hosts:
+            d = sorted(p for p, o in tj.owners.get(h, {}).items()
+                       if o.state == "D" and o.since <= start + tj.interval)
+            if d:
+                out[h] = ("uninterruptible", d)
+            elif any(t >= start for t in tj.zero.get(h, {}).values()):
+                out[h] = ("not reading", sorted(tj.owners.get(h, {})))
+        return out
+
+    def _noncomm(self, tj: TcpJob, culprits: dict[str, tuple[str, list[int]]],
+                 ev: dict[str, Any], start: float, now: float) -> list[Finding]:
+        n = len(culprits)
+        out = []
+        for host, (how, pids) in sorted(culprits.items()):
+            closed = sorted(src for src, t in tj.zero.get(host, {}).items() if t >= start)
+            conf = 0.9 if n <= 2 else 0.9 * 2 / n
+            if n > MAX_CULPRIT_HOSTS:
+                conf = min(conf, 0.5)
+            if closed and how != "not reading":
+                conf = min(0.99, conf + 0.05)  # its peers' windows say the same
+            states = {str(p): o.state for p, o in tj.owners.get(host, {}).items()}
+            e = dict(ev, culprit_pids=pids[:16], process_states=dict(list(states.items())[:16]),
+                     zero_window_from=closed[:16], culprit=how)
+            what = {"stopped": "is stopped (T)", "uninterruptible":
+                    "sleeps uninterruptibly (D)", "not reading":
+                    "does not read (its peers see a zero receive window)"}[how]
+            pid = f"process {pids[0]}" if pids else "the job's process"
+            summary = (f"{pid} of job {tj.job} on {host} {what}; every TCP connection of the "
+                       f"job on its {ev['hosts']} hosts idle for {ev['stalled_s']:.0f}s")
+            out.append(Finding("noncomm_hang", tj.job, None,
+                               [Suspect("host", host, host, None, conf)], summary, e, start))
         return out
 
     def _judge(self, tj: TcpJob, now: float) -> list[Finding]:

@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ring or tree, or one per job in turn: ring,tree")
     g.add_argument("--transport", choices=TRANSPORTS, default="nccl",
                    help="nccl: NCCL jobs with the c4 plugin; tcp: gloo-like jobs seen only "
-                   "through eBPF tcp_flows (one process per host, slow faults only)")
+                   "through eBPF tcp_flows (one process per host; slow faults, and hang/sigstop: "
+                   "a stopped process)")
     g.add_argument("--channels", type=int, default=0, help="channels (0: one per GPU)")
     g.add_argument("--step-time", type=float, default=1.0, help="training step in seconds")
     g.add_argument("--ops-per-step", type=int, default=4, help="collectives per step")
