@@ -1,4 +1,15 @@
-"""`c4 aggregator run`: the ZeroMQ ROUTER ingest loop, the API thread, periodic ticks."""
+"""`c4 aggregator run`: the ZeroMQ ROUTER ingest loop, the API thread, periodic ticks.
+
+Threads and the one lock (every other module refers here):
+- the main thread reads the ROUTER socket, applies frames (ingest, state, diagnosis) and runs
+  the diagnosis tick, each under `Server.lock`;
+- the HTTP API's threads read state and SQLite under the same lock, so a reader never sees a
+  frame half applied;
+- the actions worker (actions.py) runs commands and webhooks on its own thread with its own
+  SQLite connection and takes no lock: incidents reach it through a bounded queue and its
+  records come back at the next tick. So nothing slow ever runs under the lock.
+SQLite is in WAL mode: the worker's writes and the main connection's do not block readers.
+"""
 from __future__ import annotations
 
 import logging
@@ -13,17 +24,16 @@ import zmq
 from c4.core import config as c4config
 from c4.core import wire
 from c4.core.keys import EnrolledKeys
-
 from c4.core.sdnotify import Notifier
 
 from .alerts import Alerts, AlertsConfig
 from .api import Api, serve
 from .auth import ZapHandler, curve_server
 from .checkpoint import Checkpointer
-from .metrics import ClusterMetrics
-from .planner.metrics import PlanMetrics
 from .config import AggregatorConfig
 from .ingest import Ingest
+from .metrics import ClusterMetrics
+from .planner.metrics import PlanMetrics
 from .state import HostRegistry
 from .store import Store, connect
 
@@ -44,14 +54,16 @@ class Core:
     registry: HostRegistry
     diagnosis: Any
     ingest: Ingest
+    actions: Any  # ActionRunner (inline) or ActionWorker (thread)
     planner: Any = None  # C4P (planner/service.py); None without a topology
 
 
 def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: Any = None,
-               clock: Callable[[], float] = time.time, check_same_thread: bool = True) -> Core:
+               clock: Callable[[], float] = time.time, check_same_thread: bool = True,
+               worker: bool = False) -> Core:
     from c4.core.topology import Topology
 
-    from .actions import ActionRunner, ActionsConfig
+    from .actions import ActionRunner, ActionsConfig, ActionWorker
     from .diagnosis import Diagnosis
     from .diagnosis.config import DiagnosisConfig
     from .planner.service import Sinks, build_planner
@@ -61,8 +73,14 @@ def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: A
     registry = HostRegistry()
     if topology is None and cfg.topology:
         topology = Topology.load(cfg.topology)
-    actions = ActionRunner(c4config.build(ActionsConfig, cfg.actions, "actions"), conn,
-                           logging.getLogger("c4.aggregator.actions"), clock)
+    acfg = c4config.build(ActionsConfig, cfg.actions, "actions")
+    alog = logging.getLogger("c4.aggregator.actions")
+    path = str(db_path or cfg.db)
+    # Live: commands run on the worker's thread, never under the ingest lock. In memory
+    # (replay, tests) there is no second connection to give it: run inline, deterministically.
+    actions: ActionRunner | ActionWorker = (
+        ActionRunner(acfg, conn, alog, clock) if path == ":memory:" or not worker
+        else ActionWorker(acfg, path, alog, clock))
     diagnosis = Diagnosis.from_config(
         conn, c4config.build(DiagnosisConfig, cfg.diagnosis, "diagnosis"), topology, actions,
         logging.getLogger("c4.aggregator.diagnosis"))
@@ -73,7 +91,7 @@ def build_core(cfg: AggregatorConfig, *, db_path: str | None = None, topology: A
                     silent_after=cfg.silent_after, retention_s=cfg.frames_retention_s,
                     retention_bytes=cfg.frames_retention_bytes,
                     max_hosts=cfg.max_hosts, host_expiry_s=cfg.host_expiry_s, log=log)
-    return Core(store, registry, diagnosis, ingest, planner)
+    return Core(store, registry, diagnosis, ingest, actions, planner)
 
 
 class Server:
@@ -83,8 +101,8 @@ class Server:
         keys = cfg.curve_keys()  # config errors before anything starts
         token = cfg.api_token()
         self.lock = threading.Lock()
-        # The API thread reads diagnosis state through its own lock; SQLite is shared.
-        self.core = build_core(cfg, clock=clock, check_same_thread=False)
+        # One lock for ingest, ticks and the API (see the module docstring).
+        self.core = build_core(cfg, clock=clock, check_same_thread=False, worker=True)
         # WAL checkpoints (fsyncs) on their own thread, not inside an ingest commit
         self.checkpointer = (None if str(cfg.db) == ":memory:" else
                              Checkpointer(str(cfg.db), self.core.store.conn))
@@ -208,10 +226,10 @@ class Server:
         for reply in out.replies:
             self._send(peer, reply)
 
-    def _guarded(self, where: str, step: Callable[[], Any]) -> Any:
+    def _guarded(self, where: str, step: Callable[..., Any], *args: Any) -> Any:
         """Run a periodic step; a failure is counted and logged, and the loop goes on."""
         try:
-            return step()
+            return step(*args)
         except Exception as exc:
             self.core.ingest.internal_error(where, exc, self.clock())
             return None
@@ -230,16 +248,16 @@ class Server:
             now = self.clock()
             if now >= next_tick:
                 with self.lock:
-                    self._guarded("tick", lambda: self.core.ingest.tick(now))
-                    to_hosts = self._guarded("planner", lambda: self._planner_frames(now))
+                    self._guarded("tick", self.core.ingest.tick, now)
+                    to_hosts = self._guarded("planner", self._planner_frames, now)
                     # only queues: a worker sends
-                    self._guarded("alerts", lambda: self.alerts.tick(now, self.core.diagnosis))
+                    self._guarded("alerts", self.alerts.tick, now, self.core.diagnosis)
                     self._guarded("status", self._status)
-                self._guarded("planner", lambda: self._send_to_hosts(to_hosts or []))
+                self._guarded("planner", self._send_to_hosts, to_hosts or [])
                 next_tick = now + TICK_S
             if now >= next_prune:
                 with self.lock:
-                    self._guarded("prune", lambda: self.core.ingest.prune(now))
+                    self._guarded("prune", self.core.ingest.prune, now)
                 next_prune = now + PRUNE_S
         self.close()
         return 0
@@ -253,6 +271,8 @@ class Server:
     def close(self) -> None:
         self.notify.stopping()
         self.alerts.close()
+        if hasattr(self.core.actions, "close"):
+            self.core.actions.close()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.sock.close(0)
