@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from c4.agent.collectors.base import Event
 from c4.core import ordinals, record
+from c4.core.catalog import ROCE_SIGNALS
 from c4.core.topology import Topology, endpoint, pair_id
 from c4.core.wire import Frame, encode
 
@@ -71,9 +72,8 @@ TCP_SRTT_US = 40.0
 TCP_LOSS_PER_MB = 0.01
 TCP_LOSS = {"slow-link": 300.0, "slow-node": 1.0}
 HANG_KINDS = ("hang", "xid", "nic-down", "host-down", "sigstop", "kernel-hang")
-COUNTERS = ("port_xmit_data", "port_rcv_data", "np_cnp_sent", "np_ecn_marked_roce_packets",
-            "rp_cnp_handled", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err",
-            "link_downed")
+# The port counters the simulator advances: traffic, the RoCE symptom counters, link downs.
+COUNTERS = ("port_xmit_data", "port_rcv_data", *ROCE_SIGNALS, "link_downed")
 
 
 @dataclass
