@@ -66,22 +66,43 @@ class Rank:
         self.period: float | None = None  # median of pace: a partial interval cannot move it
 
 
-class Cell:
+class SlowWindow:
+    """How persistently a connection is slow over its last reports: the one rule for the NCCL
+    matrix (slow.py) and the TCP detector (tcp.py). Slow in `slow_persist` of the window's
+    reports, over a span of at least `slow_hold_s` (a burst of congestion is shorter)."""
+
+    __slots__ = ("hist", "streak", "since", "last_slow")
+
+    def __init__(self) -> None:
+        self.hist = 0  # bit i: the report i reports ago was slow
+        self.streak = 0  # slow reports in the window
+        self.since = 0.0  # arrival of the first slow report of the current run
+        self.last_slow = 0.0  # ... and of its latest slow report
+
+    def push(self, slow: bool, now: float, mask: int) -> None:
+        if slow:
+            if not self.hist:
+                self.since = now
+            self.last_slow = now
+        self.hist = ((self.hist << 1) | slow) & mask
+        self.streak = self.hist.bit_count()
+
+    def persistent(self, reports: int, hold_s: float) -> bool:
+        return self.streak >= reports and self.last_slow - self.since >= hold_s
+
+
+class Cell(SlowWindow):
     """One rank -> peer send connection of a communicator (all channels together)."""
 
-    __slots__ = ("src", "dst", "value", "slow_value", "seen", "hist", "streak", "since",
-                 "last_slow", "path", "comps", "tag", "devs")
+    __slots__ = ("src", "dst", "value", "slow_value", "seen", "path", "comps", "tag", "devs")
 
     def __init__(self, src: int, dst: int) -> None:
+        super().__init__()
         self.src = src
         self.dst = dst
         self.value = 0.0  # network wait per byte (s/B), last report with data
         self.slow_value = 0.0  # its value in the last report that was slow
         self.seen = -1e18
-        self.hist = 0  # bit i: the report i reports ago was slow
-        self.streak = 0  # slow reports in the window
-        self.since = 0.0  # arrival of the first slow report of the current run
-        self.last_slow = 0.0  # ... and of its latest slow report
         self.path: list[str] | None = None
         self.comps: list[Component] = []
         self.tag: tuple | None = None  # the endpoints `comps` was computed for

@@ -56,11 +56,7 @@ class SlowDetector:
             slow = math.log(cell.value) >= thr
             if slow:
                 cell.slow_value = cell.value
-                if not cell.hist:
-                    cell.since = now
-                cell.last_slow = now
-            cell.hist = ((cell.hist << 1) | slow) & self.mask
-            cell.streak = bin(cell.hist).count("1")  # slow reports among the last window
+            cell.push(slow, now, self.mask)
 
     def tick(self, comm: Comm, now: float) -> list[Finding]:
         window = FRESH_INTERVALS * comm.interval
@@ -70,8 +66,8 @@ class SlowDetector:
             return []
         comm.baseline = lower_baseline([math.log(c.value) for c in fresh])
         # slow in most recent reports, and over a span of slow_hold_s (a burst is shorter)
-        bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist
-               and c.last_slow - c.since >= self.cfg.slow_hold_s}
+        bad = {(c.src, c.dst) for c in fresh
+               if c.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)}
         if self.prober is not None:  # slow now, path unknown: traced before it is judged
             self.prober.trace(comm, (c for c in fresh if c.streak and c.path is None), now)
         out = self._marginal(comm, fresh, now)
@@ -121,8 +117,7 @@ class SlowDetector:
             for c in other.cells.values():
                 if now - c.seen > window:
                     continue
-                slow = c.streak >= self.cfg.slow_persist and \
-                    c.last_slow - c.since >= self.cfg.slow_hold_s
+                slow = c.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)
                 if not slow and (c.streak or math.log(c.value) >= doubt):
                     continue  # evidence of neither
                 oc = self.model.components(other, c)

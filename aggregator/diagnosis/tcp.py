@@ -34,7 +34,7 @@ from typing import Any, Hashable
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
-from .model import PACE_REPORTS, Model, bare_addr
+from .model import PACE_REPORTS, Model, SlowWindow, bare_addr
 from .slow import FRESH_INTERVALS, describe
 from .stats import lower_baseline, median
 
@@ -63,21 +63,20 @@ class Flow:
 
 
 @dataclass
-class TcpCell:
+class TcpCell(SlowWindow):
     src: str
     dst: str
     values: dict[str, float] = field(default_factory=dict)  # last interval with data
     slow_values: dict[str, float] = field(default_factory=dict)  # last slow interval
     bad: tuple[str, ...] = ()  # metrics high in the last slow interval
     seen: float = -1e18
-    hist: int = 0  # bit i: the sample i samples ago was slow
-    streak: int = 0
-    since: float = 0.0
-    last_slow: float = 0.0
     nics: tuple[str | None, str | None] = (None, None)
     path: list[str] | None = None
     comps: list[localise.Component] = field(default_factory=list)
     tag: tuple | None = None
+
+    def __post_init__(self) -> None:
+        SlowWindow.__init__(self)
 
 
 @dataclass
@@ -233,11 +232,7 @@ class TcpDetector:
         bad = tuple(m for m in METRICS if self._high(tj.baseline, m, cell.values[m]))
         if bad:
             cell.slow_values, cell.bad = dict(cell.values), bad
-            if not cell.hist:
-                cell.since = now
-            cell.last_slow = now
-        cell.hist = ((cell.hist << 1) | bool(bad)) & self.mask
-        cell.streak = bin(cell.hist).count("1")
+        cell.push(bool(bad), now, self.mask)
 
     def _high(self, base: dict[str, tuple[float, float]], metric: str, v: float,
               ratio: float | None = None) -> bool:
@@ -355,8 +350,8 @@ class TcpDetector:
             return []
         tj.baseline = {m: lower_baseline([_log(m, c.values[m]) for c in fresh])
                        for m in METRICS}
-        bad = {(c.src, c.dst) for c in fresh if c.streak >= self.cfg.slow_persist
-               and c.last_slow - c.since >= self.cfg.slow_hold_s}
+        bad = {(c.src, c.dst) for c in fresh
+               if c.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)}
         if not bad:
             return []
         # as in slow.py: cells slow now but not persistently, or elevated below the
