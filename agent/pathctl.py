@@ -24,7 +24,6 @@ import logging
 import os
 import select
 import socket
-import stat
 import struct
 import threading
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .tcp_ports import PortsFile, established, norm_addr
+from .unixsock import remove_stale
 
 log = logging.getLogger("c4.agent.pathctl")
 
@@ -143,7 +143,7 @@ class PathControl:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._remove_stale()
+        remove_stale(self.path, socket.SOCK_SEQPACKET)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             s.bind(str(self.path))
@@ -158,21 +158,6 @@ class PathControl:
         self._listener = s
         self._thread = threading.Thread(target=self._run, name="c4-pathctl", daemon=True)
         self._thread.start()
-
-    def _remove_stale(self) -> None:
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise OSError(errno.EEXIST, f"{self.path} exists and is not a socket")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
-            try:
-                probe.connect(str(self.path))
-            except ConnectionRefusedError:
-                os.unlink(self.path)
-                return
-        raise OSError(errno.EADDRINUSE, f"{self.path} is in use by another agent")
 
     def close(self) -> None:
         self._stop = True

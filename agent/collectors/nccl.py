@@ -18,7 +18,6 @@ import grp
 import os
 import select
 import socket
-import stat
 import struct
 import threading
 from collections import Counter
@@ -30,6 +29,7 @@ import msgpack
 
 from ..jobs import DEFAULT_KEYS, JobResolver
 from ..plugin_proto import MAX_NS, Malformed, Message, Stalled, Summary, decode
+from ..unixsock import remove_stale
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 from .options import check_keys, get_int, get_str_list
 
@@ -124,7 +124,10 @@ class NcclCollector(Collector):
         except OSError as exc:
             raise CollectorUnavailable(f"cannot create {self.path.parent}: {exc.strerror}") \
                 from None
-        self._remove_stale()
+        try:  # a socket file left by a dead agent is removed; one still bound is someone's
+            remove_stale(self.path, socket.SOCK_DGRAM)
+        except OSError as exc:
+            raise CollectorUnavailable(f"cannot listen on {self.path}: {exc.strerror}") from None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
@@ -143,24 +146,6 @@ class NcclCollector(Collector):
         self._reader = threading.Thread(target=self._read, args=(sock,), name="c4-nccl-reader",
                                         daemon=True)
         self._reader.start()
-
-    def _remove_stale(self) -> None:
-        """A socket file left by a dead agent is removed; one still bound is someone's."""
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise CollectorUnavailable(f"{self.path} exists and is not a socket")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
-            try:
-                probe.connect(str(self.path))
-            except ConnectionRefusedError:
-                os.unlink(self.path)
-                return
-            except OSError as exc:
-                raise CollectorUnavailable(f"cannot check {self.path}: {exc.strerror}") from None
-        raise CollectorUnavailable(f"{self.path} is in use by another process")
 
     def close(self) -> None:
         if self._sock is None:

@@ -9,16 +9,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-import zmq
 
-from c4.core import record, wire
 
+from .feed import feeding, simulate
 from .procs import REPO, Cluster, c4_cmd, env, free_port, wait_for
 
 SLOW = "node002"
@@ -27,45 +24,15 @@ SPEED = 4.0  # simulated seconds per real second
 
 @pytest.fixture
 def recording(tmp_path: Path) -> Path:
-    rec = tmp_path / "slow.c4rec"
     # No clock skew: frames are paced by their timestamps (C4D itself does not need this).
-    res = subprocess.run(c4_cmd("sim", "--hosts", "4", "--gpus-per-host", "2", "--duration", "80",
-                                "--fault", f"slow-node:{SLOW}@5", "--max-skew", "0", "--seed", "3",
-                                "--out", str(rec)),
-                         capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return rec
-
-
-def send(cluster: Cluster, rec: Path, stop: threading.Event) -> None:
-    """Deliver the recorded frames to the ingest socket as agents would, one DEALER per host,
-    paced by their timestamps SPEED times faster than they were made (C4D counts its
-    evaluations on the aggregator's own clock, so a burst would not do)."""
-    frames = [(wire.decode(data), data) for data in record.read(rec)]
-    ctx = zmq.Context()
-    socks: dict[str, zmq.Socket] = {}
-    t0, start = frames[0][0].ts, time.monotonic()
-    try:
-        for frame, data in frames:
-            if stop.wait(max(0.0, start + (frame.ts - t0) / SPEED - time.monotonic())):
-                return
-            if frame.host not in socks:
-                s = socks[frame.host] = cluster.dealer(ctx, frame.host)
-                s.setsockopt(zmq.LINGER, 1000)
-            socks[frame.host].send(data)
-    finally:
-        for s in socks.values():
-            s.close()
-        ctx.term()
+    return simulate(tmp_path / "slow.c4rec", f"slow-node:{SLOW}@5", 80)
 
 
 @pytest.fixture
 def live(cluster: Cluster, recording: Path) -> Iterator[Cluster]:
     """An aggregator receiving the slow-node cluster's frames until the test ends."""
     cluster.start_aggregator(extra=f'topology = "{recording}.topology.json"\n')
-    stop = threading.Event()
-    feeder = threading.Thread(target=send, args=(cluster, recording, stop), daemon=True)
-    feeder.start()
+    feeder, stop = feeding(cluster, recording, SPEED)
     try:
         yield cluster
     finally:
