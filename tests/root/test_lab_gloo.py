@@ -38,13 +38,14 @@ def test_loss_on_a_host_cable_is_found_from_ebpf(gloo: tuple[LabState, str]) -> 
     assert not others_open(st, inc), others_open(st, inc)
 
 
-@pytest.mark.xfail(strict=True, reason="C4D has no hang detection from TCP flows "
-                   "(docs/diagnosis.md, Limits): a SIGSTOPped gloo rank leaves every flow of the "
-                   "job idle (no bytes, no retransmits), and the tcp detector only judges "
-                   "connections that moved tcp_min_bytes; measured: no incident in 40 s")
 def test_hung_rank_is_found_from_ebpf(gloo: tuple[LabState, str]) -> None:
+    """SIGSTOP leaves every flow of the job idle; the agent's tcp_flows owners show the rank's
+    process stopped (T), and its peers' probes find its receive window closed."""
     st, rid = gloo
     f = faults.inject(st, "hang", "3", {}, rid)
     inc, took = wait_named(st, f, 40)
     assert took <= 10, f"named after {took:.1f} s"
     assert not others_open(st, inc), others_open(st, inc)
+    ev = inc["evidence"]
+    assert (inc["class"], ev["transport"], ev["culprit"]) == ("noncomm_hang", "tcp", "stopped")
+    assert ev["culprit_pids"] == [f["pids"]["3"]], ev
