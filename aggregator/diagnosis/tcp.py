@@ -205,7 +205,7 @@ class TcpDetector:
     @staticmethod
     def _forget_host(tj: TcpJob, host: str) -> None:
         for d in (tj.reported, tj.progress, tj.gaps, tj.owners, tj.zero):
-            d.pop(host, None)  # type: ignore[attr-defined]
+            d.pop(host, None)
 
     def _sample(self, host: str, job: str, saddr: str, daddr: str, acked: int, retrans: int,
                 rtt_b: float, interval: float, now: float) -> None:
@@ -284,7 +284,7 @@ class TcpDetector:
         allowance = max(cfg.checkpoint_s, tj.pause_s)
         ev: dict[str, Any] = {
             "transport": "tcp", "stalled_s": round(stalled, 2), "hosts": len(hosts),
-            "idle_flows": sum(self.host_jobs.get(h, {}).get(tj.job, 0) for h in hosts)}
+            "idle_flows": sum(self.host_jobs[h][tj.job] for h in hosts if h in self.host_jobs)}
         if stopped:
             thr = cfg.hang_floor_s
             culprits = {h: ("stopped", p) for h, p in stopped.items()}
