@@ -122,6 +122,7 @@ class TcpDetector:
                   now: float) -> None:
         table = self.flows.setdefault(host, {})
         counts = self.host_jobs.setdefault(host, Counter())
+        before = set(counts)
         listed: set[tuple] = set()
         acc: dict[tuple[str, str], list] = {}  # (job, daddr) -> [acked, retrans, rtt*bytes]
         moved: Counter[str] = Counter()  # job -> bytes its flows here moved this interval
@@ -157,6 +158,9 @@ class TcpDetector:
         for (job, daddr), (acked, retrans, rtt_b, saddr) in acc.items():
             self._sample(host, job, saddr, daddr, acked, retrans, rtt_b, interval, now)
         self._progress(host, section, counts, moved, zero, interval, now)
+        for job in before - set(counts):  # none of its flows left here
+            if job in self.jobs:
+                self._forget_host(self.jobs[job], host)
 
     @staticmethod
     def _drop(table: dict[tuple, Flow], counts: Counter[str], key: tuple) -> None:
@@ -199,8 +203,6 @@ class TcpDetector:
             peer = self.model.addrs.get(bare_addr(daddr))
             if peer is not None and peer[0] != host and job in self.jobs:
                 self.jobs[job].zero.setdefault(peer[0], {})[host] = now
-        for job in [j for j, tj in self.jobs.items() if host in tj.reported and j not in counts]:
-            self._forget_host(self.jobs[job], host)  # none of its flows left here
 
     @staticmethod
     def _forget_host(tj: TcpJob, host: str) -> None:
