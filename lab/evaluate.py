@@ -66,10 +66,12 @@ def score(truth: dict[str, Any], incidents: list[dict[str, Any]], origin: float)
         kind[0] += 1
         end = f["end"] if f["end"] is not None else float("inf")
         want = (f["suspect"]["kind"], f["suspect"]["id"])
+        accept = set(f["suspect"].get("accept") or ())  # ids that also name it (lab truth)
         during = [i for i in incidents
                   if f["start"] - GRACE_S <= i["detected"] - origin <= end + 60]
         hits = [i for i in during if i["localised"] is not None and i["suspects"]
-                and (i["suspects"][0]["kind"], i["suspects"][0]["id"]) == want]
+                and ((i["suspects"][0]["kind"], i["suspects"][0]["id"]) == want
+                     or i["suspects"][0]["id"] in accept)]
         if during:  # detection: its own incident, else the first of anything during it
             sc.detected += 1
             sc.detect_s.append(min(i["detected"] for i in hits or during) - origin - f["start"])

@@ -4,14 +4,20 @@
 |---|---|---|---|
 | loss | link | nftables `numgen random` drop on the receiving end's ingress (netdev hook), `percent`, `direction` ab/ba/both | delete the table |
 | slow | link | tbf at `mbit` on both ends' egress | the topology's rate (or no qdisc) |
-| down | link | both ends admin down, routes withdrawn fabric-wide | up, routes back |
-| flap | link | a process taking it down `down_s` and up `up_s`, repeatedly | stop it, up, routes back |
+| down | link | both ends admin down; the routes withdrawn fabric-wide `converge_s` later | up, routes back |
+| flap | link | a process taking it down `down_s` and up `up_s`, repeatedly (withdrawn after `converge_s`) | stop it, up, routes back |
 | nicdown | host or host/dev | the host end of the NIC's cable down (the port's carrier goes, its routes go) | up, routes back |
 | hang | rank or host | SIGSTOP the rank(s) of the running job | SIGCONT |
 | straggler | rank or host | the rank(s) into a cgroup limited to `cpu` % of a CPU (default 2) | back out |
 
 A link is a topology link id: `leaf01-spine00` (fabric) or `node003/mlx5_0-leaf01` (access);
 `ab` is the direction from the link's `a` end (host NIC / leaf) to its `b` end (leaf / spine).
+A link that fails is not avoided at once: its two ends stop using it (the kernel drops the
+dead nexthop: carrier loss is local knowledge), but every other router keeps hashing traffic
+onto paths through it until the routing protocol withdraws them (`converge_s`, default 3 s:
+BGP with BFD takes hundreds of ms to seconds): meanwhile the spine drops what other leaves
+still send it for the far leaf. Then the routes are withdrawn fabric-wide.
+
 Every injection and heal is appended to `faults.jsonl` with its wall-clock time and the
 component C4D should name (`expect`): the ground truth tests and benchmarks score against.
 """
@@ -34,12 +40,14 @@ from .fabric import Fabric, Wire, clear_rate, set_rate
 from .runs import alive_ranks, run_info
 from .state import LabError, LabState, lab_env
 
+CONVERGE_S = 3.0  # a failed link's routes are withdrawn fabric-wide this long after it fails
 KINDS = ("loss", "slow", "down", "flap", "nicdown", "hang", "straggler")
 LINK_KINDS = ("loss", "slow", "down", "flap")
 DEFAULTS: dict[str, dict[str, Any]] = {
     "loss": {"percent": 5.0, "direction": "both"},
     "slow": {"mbit": 10.0},
-    "flap": {"down_s": 1.0, "up_s": 3.0},
+    "down": {"converge_s": CONVERGE_S},
+    "flap": {"down_s": 1.0, "up_s": 3.0, "converge_s": CONVERGE_S},
     "straggler": {"cpu": 2.0},
 }
 
@@ -64,6 +72,8 @@ def parse_params(kind: str, items: list[str]) -> dict[str, Any]:
         raise LabError("percent: between 0 and 100")
     if kind == "slow" and params["mbit"] <= 0:
         raise LabError("mbit: must be positive")
+    if params.get("converge_s", 0.0) < 0:
+        raise LabError("converge_s: must not be negative")
     if kind == "straggler" and not 1 <= params["cpu"] <= 100:
         raise LabError("cpu: between 1 and 100 (% of one CPU)")
     return params
@@ -165,6 +175,7 @@ def inject(st: LabState, kind: str, target: str, params: dict[str, Any],
            run: str | None = None) -> dict[str, Any]:
     if kind not in KINDS:
         raise LabError(f"unknown fault kind {kind!r}; kinds: {', '.join(KINDS)}")
+    params = {**DEFAULTS.get(kind, {}), **params}  # callers may name only what they change
     fab = st.fabric()
     with st.locked():
         fid = int(st.data.get("next_fault", 1))
@@ -181,15 +192,16 @@ def inject(st: LabState, kind: str, target: str, params: dict[str, Any],
                         set_rate(ipr, ipr.link_lookup(ifname=end.ifname)[0], params["mbit"])
             elif kind == "down":
                 _set_state(w, False)
-                st.data["faults"][str(fid)] = f  # counted in down_links below
-                fab.sync_routes(down_links(st, fab))
+                if params["converge_s"] > 0:  # withdrawn later, by a process `down` finds
+                    f["pid"] = _spawn(st, fid, ["converge", str(st.dir), str(fid),
+                                                str(params["converge_s"])])
+                else:
+                    st.data["faults"][str(fid)] = f  # counted in down_links below
+                    fab.sync_routes(down_links(st, fab))
             elif kind == "flap":
-                with open(st.dir / "logs" / f"flap{fid}.log", "ab") as log:
-                    p = subprocess.Popen([sys.executable, "-m", "c4.lab.faults", "flap",
-                                          str(st.dir), str(fid), w.link, str(params["down_s"]),
-                                          str(params["up_s"])], env=lab_env(st.prefix),
-                                         start_new_session=True, stdout=log, stderr=log)
-                f["pid"] = p.pid
+                f["pid"] = _spawn(st, fid, ["flap", str(st.dir), str(fid), w.link,
+                                            str(params["down_s"]), str(params["up_s"]),
+                                            str(params["converge_s"])])
         elif kind == "nicdown":
             w = _nic_wire(fab, target)
             f.update(link=w.link, expect=_expect_link(fab, w))
@@ -246,7 +258,7 @@ def heal(st: LabState, fid: int | None = None) -> list[dict[str, Any]]:
                         else:
                             clear_rate(ipr, idx)
             elif kind in ("down", "nicdown", "flap"):
-                if kind == "flap":
+                if f.get("pid"):  # the flapping, or the withdrawal still to come
                     stop_pids([f["pid"]])
                     (st.dir / "flapping" / str(i)).unlink(missing_ok=True)
                 _set_state(fab.wires[f["link"]], True, "a" if kind == "nicdown" else "ab")
@@ -273,8 +285,28 @@ def faults(st: LabState) -> list[dict[str, Any]]:
     return sorted(st.data.get("faults", {}).values(), key=lambda f: f["id"])
 
 
-def flap(state_dir: Path, fid: int, link: str, down_s: float, up_s: float) -> None:
-    """The flapping process: down (routes withdrawn) and up again until SIGTERM."""
+def _spawn(st: LabState, fid: int, args: list[str]) -> int:
+    with open(st.dir / "logs" / f"fault{fid}.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "c4.lab.faults", *args],
+                                env=lab_env(st.prefix), start_new_session=True, stdout=log,
+                                stderr=log).pid
+
+
+def converge(state_dir: Path, fid: int, delay: float) -> None:
+    """The process that withdraws a downed link's routes fabric-wide after `delay` (unless
+    the fault was healed meanwhile: then the routes are already right)."""
+    time.sleep(delay)
+    st = LabState.open_dir(state_dir)
+    with st.locked():
+        if st.data.get("faults", {}).get(str(fid), {}).get("healed") is None:
+            fab = st.fabric()
+            fab.sync_routes(down_links(st, fab))
+
+
+def flap(state_dir: Path, fid: int, link: str, down_s: float, up_s: float,
+         converge_s: float) -> None:
+    """The flapping process: down and up again until SIGTERM; the routes are withdrawn
+    `converge_s` into a down phase (never, when it is shorter) and restored on up."""
     st = LabState.open_dir(state_dir)
     fab = st.fabric()
     w = fab.wires[link]
@@ -294,18 +326,22 @@ def flap(state_dir: Path, fid: int, link: str, down_s: float, up_s: float) -> No
             time.sleep(0.05)
 
     while not stop:
-        mark.write_text(link)
         _set_state(w, False, ends)
-        reroute()
-        sleep(down_s)
+        if converge_s < down_s:
+            sleep(converge_s)
+            mark.write_text(link)
+            reroute()
+        sleep(down_s - min(converge_s, down_s))
         mark.unlink(missing_ok=True)
         _set_state(w, True, ends)
-        reroute()
+        reroute()  # admin down flushed the routes through it, withdrawn or not
         sleep(up_s)
     mark.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
+    a = sys.argv[2:]
     if sys.argv[1:2] == ["flap"]:
-        a = sys.argv[2:]
-        flap(Path(a[0]), int(a[1]), a[2], float(a[3]), float(a[4]))
+        flap(Path(a[0]), int(a[1]), a[2], float(a[3]), float(a[4]), float(a[5]))
+    elif sys.argv[1:2] == ["converge"]:
+        converge(Path(a[0]), int(a[1]), float(a[2]))

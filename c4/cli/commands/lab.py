@@ -119,7 +119,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        "link id (leaf01-spine00, node003/mlx5_0-leaf01); nicdown a host or "
                        "host/dev; hang and straggler a rank number or a host of the running "
                        "workload. Parameters: loss percent=5 direction=both|ab|ba; slow mbit=10; "
-                       "flap down_s=1 up_s=3; straggler cpu=2 (% of one CPU).")
+                       "down converge_s=3; flap down_s=1 up_s=3 converge_s=3; straggler cpu=2 "
+                       "(% of one CPU).")
     prefix_arg(q)
     q.add_argument("kind", metavar="KIND",
                    help="loss, slow, down, flap, nicdown, hang or straggler")
