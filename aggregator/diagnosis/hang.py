@@ -25,6 +25,8 @@ MAX_CULPRIT_HOSTS = 4  # beyond this, "everyone is behind someone": not localise
 WRITER_PAUSES = 2  # recovered pauses, all by the same ranks, before others' are suspect
 POINTING = ("RecvWait", "SendPeerWait")  # the waiter's peer holds it up
 WAITING_ON_OTHERS = POINTING + ("SendWait",)  # a rank in these waits on a peer or the network
+FROZEN_INTERVALS = 1.5  # a repeated in-flight summary listed this long after its last fresh one
+EARLY_HOSTS = 2  # hosts whose stall messages point at a rank that stopped: named before the threshold
 
 
 class HangDetector:
@@ -35,31 +37,60 @@ class HangDetector:
         # job -> (ranks idle in the pauses it recovered from, how many, always the same)
         self.writers: dict[str, tuple[set[int], int, bool]] = {}
         self.pausing: dict[str, tuple[float, set[int]]] = {}  # comm -> pause going on, ranks
+        self.named: dict[str, float] = {}  # comm -> last evaluation that named a culprit
 
     def threshold(self, comm: Comm) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_op_factor * (comm.period or 0.0))
 
     def tick(self, comm: Comm, now: float) -> list[Finding]:
+        found = self._tick(comm, now)
+        if found and found[0].cls == "noncomm_hang":
+            self.named[comm.comm] = now
+        elif found and now - self.named.get(comm.comm, -1e18) <= \
+                self.cfg.stale_intervals * comm.interval:
+            # The culprit came back (SIGCONT): its peers' next reports show the op moving;
+            # until they arrive they still say "stalled" with everyone inside, which is no
+            # communication hang.
+            return []
+        return found
+
+    def _tick(self, comm: Comm, now: float) -> list[Finding]:
         stale = self.cfg.stale_intervals * comm.interval
-        live, missing = [], []  # missing: silent host, or the process ended
+        # missing: a silent host, a process that ended, or one whose summaries stopped while
+        # its host still reports (the agent repeats an in-flight summary whose ages no longer
+        # move: SIGSTOP, a process stuck in the kernel with its plugin), twice in a row: a
+        # busy agent misses one of a live process's datagrams now and then. Its last summary
+        # is stale, so it does not say which op the job waits in.
+        live, missing = [], []
         for r in comm.ranks.values():
-            (missing if now - r.seen > stale or self.model.exited(r) else live).append(r)
+            gone = now - r.seen > stale or self.model.exited(r) or (
+                r.inflight is not None and r.listed - r.seen >= FROZEN_INTERVALS * comm.interval)
+            (missing if gone else live).append(r)
         thr = self.threshold(comm)
         # the first collective: ranks start it as they finish loading
         first = max(thr, self.cfg.startup_grace_s)
         ages = {r.rank: _age(r, now) for r in live if r.inflight}
         stalled = [r for r in live if ages.get(r.rank, 0.0) >= (
             first if ordinals.position(r.seq_started, r.inflight)[0] == 0 else thr)]
+        early: list[Rank] = []
         if not stalled:
-            self._recovered(comm)
-            return []
-        # W: the oldest op a stalled rank waits in (c4/core/ordinals.py: 0-based, unlike the
-        # counts seq_started / seq_completed). Ops complete in stream order and no rank
+            # Before the threshold, when the evidence already names the culprit: ranks whose
+            # summaries stopped, pointed at by the stall messages (sent after the plugin's
+            # stall threshold) of ranks on at least two other hosts. A late rank, a
+            # checkpoint writer or a slow job shows no such thing: their summaries move.
+            early, stalled = self._pointed_missing(comm, live, missing)
+            if not early:
+                self._recovered(comm)
+                return []
+        # W: the oldest op a rank waits in without progress for an interval or more (c4/core/
+        # ordinals.py: 0-based, unlike the counts seq_started / seq_completed), whether or not
+        # it has waited past the threshold yet. Ops complete in stream order and no rank
         # completes a collective another never entered, so what holds the job is in W. Ranks
-        # stalled in a later op are ahead, not behind: in a pipelined ring a rank downstream
+        # waiting in a later op are ahead, not behind: in a pipelined ring a rank downstream
         # of a rank stopped inside W can finish W (it needed nothing more through it) and wait
-        # in W + 1.
-        wseq = min(ordinals.position(r.seq_started, r.inflight)[0] for r in stalled)
+        # in W + 1, and cross the threshold first.
+        waiting = stalled + [r for r in live if ages.get(r.rank, 0.0) >= comm.interval]
+        wseq = min(ordinals.position(r.seq_started, r.inflight)[0] for r in waiting)
         # behind: stuck in an older op, or idle without having entered the stalled one
         behind = [r for r in live if ordinals.behind(r.seq_started, r.inflight, wseq)]
         stalled_s = max(ages[r.rank] for r in stalled)
@@ -71,6 +102,9 @@ class HangDetector:
                               "seq": wseq, "func": stalled[0].inflight.get("func")}  # type: ignore[union-attr]
         if ahead:
             ev["ahead_ranks"] = sorted(ahead)[:32]
+        if early:  # named by the evidence, not the clock: only the ranks it points at
+            ev["early"] = True
+            return self._noncomm(comm, early, early, stalled, ev, first)
         culprits = behind + missing or self._blockers(comm, live)
         if behind and not missing and all(r.inflight is None for r in behind):
             # alive and idle, not entering the op the others wait in: a checkpoint writer
@@ -103,6 +137,30 @@ class HangDetector:
 
     def forget(self, comm: Comm) -> None:
         self.pausing.pop(comm.comm, None)
+        self.named.pop(comm.comm, None)
+
+    @staticmethod
+    def _pointed_missing(comm: Comm, live: list[Rank],
+                         missing: list[Rank]) -> tuple[list[Rank], list[Rank]]:
+        """(missing ranks that stall messages of live ranks on at least EARLY_HOSTS other
+        hosts point at, those live ranks). A stall message counts while its rank is still in
+        the op it was sent for."""
+        if not missing:
+            return [], []
+        ids = {r.rank: r for r in missing}
+        hosts: dict[int, set[str]] = {}
+        waiting: dict[int, Rank] = {}
+        for r in live:
+            st = r.stall or {}
+            if r.inflight is None or st.get("seq") != r.inflight.get("seq"):
+                continue
+            for w in st.get("waiting", []):
+                m = ids.get(w["peer"])
+                if m is not None and w["state"] in WAITING_ON_OTHERS and m.host != r.host:
+                    hosts.setdefault(m.rank, set()).add(r.host)
+                    waiting[r.rank] = r
+        early = [ids[p] for p, hs in hosts.items() if len(hs) >= EARLY_HOSTS]
+        return early, list(waiting.values()) if early else []
 
     @staticmethod
     def _blockers(comm: Comm, live: list[Rank]) -> list[Rank]:

@@ -65,10 +65,10 @@ class PluginRing:
                              "progress_age_s": inflight_age}
         return s
 
-    def healthy(self, seconds: int) -> None:
+    def healthy(self, seconds: int, ops: int = OPS) -> None:
         for _ in range(seconds):
-            self.done += OPS
-            self.report({r: self.summary(r, self.done, self.done, OPS) for r in range(N)})
+            self.done += ops
+            self.report({r: self.summary(r, self.done, self.done, ops) for r in range(N)})
 
     def report(self, summaries: dict[int, dict[str, Any] | None]) -> None:
         """One report per host (a rank mapped to None is not listed), then a tick."""
@@ -87,14 +87,18 @@ class PluginRing:
             "waiting": [{"peer": p, "channel": 0, "dir": d, "state": st, "idle_s": age}
                         for p, d, st in waiting]}})
 
-    def hang(self, seconds: int, culprit: str, ahead: int | None = None) -> None:
+    def hang(self, seconds: int, culprit: str, ahead: int | None = None,
+             point_all: bool = False, repeat_once: int | None = None) -> None:
         """Every rank but CULPRIT enters ordinal `done` and waits there; the culprit: `idle`
         (stopped between collectives), `gone` (entered, then its summaries stopped), `frozen`
         (entered, the agent repeats its last summary), `exited` (its host reports without
         it), `kernel` (entered, stuck in a kernel; its plugin reports like everyone's).
         `ahead`: a rank that finished ordinal `done` and waits in the next one (downstream of
-        a culprit stopped late in a pipelined ring)."""
+        a culprit stopped late in a pipelined ring). `point_all`: every waiting rank's stall
+        message names the culprit (several rings through it). `repeat_once`: the agent
+        repeats this rank's summary once (it missed a datagram) at age 7."""
         k = self.done
+        last: dict[int, dict[str, Any] | None] = {}
         for age in range(1, seconds + 1):
             out: dict[int, dict[str, Any] | None] = {
                 r: self.summary(r, k + 1, k, inflight_age=float(age)) for r in range(N)}
@@ -106,13 +110,17 @@ class PluginRing:
             elif culprit in ("gone", "frozen", "exited") and age > 1:
                 out[CULPRIT] = self.frozen.setdefault(CULPRIT, out[CULPRIT]) \
                     if culprit == "frozen" else None
+            if repeat_once is not None and age == 7:
+                out[repeat_once] = last[repeat_once]
+            last = out
             self.report(out)
             if age == 5 and culprit != "none":  # the plugins' C4_STALL_MS: one per rank
                 for r in range(N):
                     if out[r] is None or (culprit in ("idle", "frozen") and r == CULPRIT):
                         continue
-                    self.stall_event(r, self.waiting(r, culprit), float(age),
-                                     k + 1 if r == ahead else k)
+                    waiting = [(CULPRIT, "recv", "RecvWait")] if point_all and r != CULPRIT \
+                        else self.waiting(r, culprit)
+                    self.stall_event(r, waiting, float(age), k + 1 if r == ahead else k)
 
     @staticmethod
     def waiting(r: int, culprit: str) -> list[tuple[int, str, str]]:
@@ -162,6 +170,54 @@ def test_a_rank_that_finished_the_op_downstream_of_the_culprit_is_not_blamed():
         assert inc["evidence"]["seq"] == ring.done
         assert inc["evidence"]["ahead_ranks"] == [nxt]
         assert inc["evidence"]["culprit_ranks"] == [CULPRIT]
+
+
+def test_a_stopped_rank_is_named_from_the_stall_messages_before_the_threshold():
+    """Issue 13 (the lab named a hang after 11-12 s against 10 s): at one collective a second
+    the hang threshold is 10 s. A rank whose summaries froze (the agent repeats them, twice
+    or more), named as the peer they wait on by the stall messages of ranks on other hosts,
+    is the culprit at the plugin's stall threshold."""
+    for culprit in ("frozen", "gone"):
+        ring = PluginRing(completed=0)
+        ring.healthy(20, ops=1)
+        start = ring.t
+        ring.hang(12, culprit, point_all=True)
+        inc = named(ring)
+        assert inc["localised"] - start <= 8.0 and inc["evidence"]["threshold_s"] == 10.0
+
+
+def test_an_idle_rank_the_others_wait_on_waits_for_the_threshold():
+    """An idle rank the stall messages point at is alive (its summaries move): a late rank or
+    a checkpoint writer looks the same, so it is named at the threshold, not before."""
+    ring = PluginRing(completed=0)
+    ring.healthy(20, ops=1)
+    start = ring.t
+    ring.hang(14, "idle", point_all=True)
+    inc = named(ring)
+    assert inc["localised"] - start >= 10.0 and "early" not in inc["evidence"]
+
+
+def test_one_repeated_summary_is_no_stopped_rank():
+    """A busy agent misses a live rank's datagram and repeats its summary once: that rank
+    did not stop (the culprit alone is named, one incident)."""
+    ring = PluginRing(completed=0)
+    ring.healthy(20)
+    ring.hang(12, "idle", repeat_once=0)
+    named(ring)
+
+
+def test_the_culprit_coming_back_is_no_communication_hang():
+    """SIGCONT: the stopped rank reports again, in the op; its peers' reports of that interval
+    still say they wait, everyone inside. That is the hang clearing, not a second one."""
+    ring = PluginRing(completed=0)
+    ring.healthy(20)
+    ring.hang(10, "gone", point_all=True)
+    k = ring.done
+    out = {r: ring.summary(r, k + 1, k, inflight_age=11.0) for r in range(N)}
+    out[CULPRIT] = ring.summary(CULPRIT, k + 1, k, inflight_age=0.2)
+    ring.report(out)
+    ring.healthy(5)
+    named(ring)
 
 
 def test_first_collective_ordinal_zero():
