@@ -179,7 +179,8 @@ def test_state_changing_requests_need_the_bearer_token() -> None:
     api = Api(Ingest(Store(connect(":memory:", check_same_thread=False)), HostRegistry(), None),
               None, threading.Lock(), time.time)
     httpd = serve(api, "127.0.0.1:0")
-    url = f"http://127.0.0.1:{httpd.server_address[1]}/api/v1/anything"
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    url = base + "/api/v1/plan/apply"  # a state-changing route (this Api has no planner)
     try:
         code, body, _ = _post(url, "whatever-token-123")
         assert code == 403 and "api_token_file" in body["error"]  # no token configured: off
@@ -187,7 +188,8 @@ def test_state_changing_requests_need_the_bearer_token() -> None:
         code, _, challenge = _post(url)
         assert code == 401 and challenge.startswith("Bearer")
         assert _post(url, "s3cret-token-of-32-characters-xy")[0] == 401
-        assert _post(url, api.token)[0] == 404  # past the check; no such route (yet)
+        assert _post(url, api.token)[0] == 404  # past the check; no planner behind it
+        assert _post(base + "/api/v1/hosts", api.token)[0] == 405  # a GET-only route
     finally:
         httpd.shutdown()
         httpd.server_close()
