@@ -61,7 +61,8 @@ class HangDetector:
         # move: SIGSTOP, a process stuck in the kernel with its plugin), twice in a row: a
         # busy agent misses one of a live process's datagrams now and then. Its last summary
         # is stale, so it does not say which op the job waits in.
-        live, missing = [], []
+        live: list[Rank] = []
+        missing: list[Rank] = []
         for r in comm.ranks.values():
             gone = now - r.seen > stale or self.model.exited(r) or (
                 r.inflight is not None and r.listed - r.seen >= FROZEN_INTERVALS * comm.interval)
