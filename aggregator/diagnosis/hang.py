@@ -107,10 +107,12 @@ class HangDetector:
             ev["early"] = True
             return self._noncomm(comm, early, early, stalled, ev, first)
         culprits = behind + missing or self._blockers(comm, live)
-        if behind and not missing and all(r.inflight is None for r in behind):
+        if behind and not missing and all(r.inflight is None and r.gpu_fault is None
+                                          for r in behind):
             # alive and idle, not entering the op the others wait in: a checkpoint writer
             # looks exactly like this until it outlasts what the job's checkpoints take,
-            # unless the job's checkpoints so far were written by other ranks
+            # unless the job's checkpoints so far were written by other ranks (a rank whose
+            # GPU an Xid named is no checkpoint writer: it skips this allowance)
             idle = {r.rank for r in behind}
             writers, n, same = self.writers.get(comm.job, (set(), 0, True))
             self.pausing[comm.comm] = (stalled_s, idle)

@@ -108,6 +108,7 @@ class Hardware:
                            "process": a.get("process")}, now, hold=self.cfg.event_hold_s)
         if ref:
             f.job, f.comm = ref[0].job, ref[0].comm
+            ref[1].gpu_fault = now  # its rank idles because of this, not for a checkpoint
         self.pending.append(f)
 
     def _link(self, host: str, ep: str, down: bool, why: str, now: float) -> None:

@@ -42,7 +42,7 @@ class PathSource(Protocol):
 class Rank:
     __slots__ = ("rank", "host", "pid", "dev", "nic", "seen", "listed", "seq_started",
                  "seq_completed", "inflight", "sends", "peers", "ew", "op", "strag", "stall",
-                 "fresh", "pace", "period")
+                 "fresh", "pace", "period", "gpu_fault")
 
     def __init__(self, rank: int, host: str) -> None:
         self.rank = rank
@@ -64,6 +64,7 @@ class Rank:
         self.fresh = False  # a report arrived since the last tick
         self.pace: deque[float] = deque(maxlen=PACE_REPORTS)  # seconds per op, per report
         self.period: float | None = None  # median of pace: a partial interval cannot move it
+        self.gpu_fault: float | None = None  # aggregator clock of an Xid that named its GPU
 
 
 class SlowWindow:
