@@ -3,10 +3,10 @@ aggregator, one agent per host, collective workloads and injected faults (docs/l
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Callable
 
+from c4.cli.commands._http import print_json as _print
 from c4.core.topology import TopologyError
 
 
@@ -174,11 +174,6 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
 def _say(args: argparse.Namespace) -> Callable[[str], None]:
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
     return lambda s: print(s, file=stream, flush=True)
-
-
-def _print(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
-    print()
 
 
 @_guard
