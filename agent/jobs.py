@@ -36,13 +36,11 @@ class JobResolver:
 
     def job_of(self, pid: int) -> str | None:
         """The job id of `pid`, or None (no such process, unreadable, no known variable)."""
-        return self._lookup(pid)[0]
+        return self.lookup(pid)[0]
 
-    def device_of(self, pid: int) -> int | None:
-        """The CUDA device index of `pid` (see the module docstring), or None."""
-        return self._lookup(pid)[1]
-
-    def _lookup(self, pid: int) -> tuple[str | None, int | None]:
+    def lookup(self, pid: int) -> tuple[str | None, int | None]:
+        """(job id, CUDA device index) of `pid` (see the module docstring), either None: one
+        /proc/<pid>/stat read for both, and both from the same process if the pid is reused."""
         start = self._start_time(pid)
         if start is None:
             self._cache.pop(pid, None)

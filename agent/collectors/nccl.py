@@ -364,11 +364,11 @@ class NcclCollector(Collector):
             inflight = {"seq": s.inflight.seq, "func": s.inflight.func,
                         "age_s": s.inflight.age_ns * NS,
                         "progress_age_s": s.inflight.progress_age_ns * NS}
+        job, dev = self.jobs.lookup(c.pid)
         return {
             "comm": h.comm, "rank": h.rank, "nranks": h.nranks,
             "seq_started": s.seq_started, "seq_completed": s.seq_completed,
-            "colls": colls, "peers": peers, "pid": c.pid, "job": self.jobs.job_of(c.pid),
-            "dev": self.jobs.device_of(c.pid),
+            "colls": colls, "peers": peers, "pid": c.pid, "job": job, "dev": dev,
             "inflight": inflight, "entry_wait_s": c.entry_wait_ns * NS,
             "entry_ops": min(c.entry_ops, 2**32 - 1), "dropped_events": s.dropped_events,
         }

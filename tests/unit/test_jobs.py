@@ -28,13 +28,13 @@ def _proc(root: Path, pid: int, env: dict[str, str], start: int = 12345) -> None
 def test_device_of_a_process(tmp_path: Path, env: dict[str, str], dev: int | None) -> None:
     _proc(tmp_path, 100, {"SLURM_JOB_ID": "42", **env})
     r = JobResolver(tmp_path)
-    assert r.device_of(100) == dev
+    assert r.lookup(100) == ("42", dev)
     assert r.job_of(100) == "42"
 
 
 def test_a_recycled_pid_is_read_again(tmp_path: Path) -> None:
     _proc(tmp_path, 100, {"SLURM_JOB_ID": "1", "LOCAL_RANK": "1"}, start=1)
     r = JobResolver(tmp_path)
-    assert (r.job_of(100), r.device_of(100)) == ("1", 1)
+    assert r.lookup(100) == ("1", 1)
     _proc(tmp_path, 100, {"SLURM_JOB_ID": "2", "LOCAL_RANK": "4"}, start=2)
-    assert (r.job_of(100), r.device_of(100)) == ("2", 4)
+    assert r.lookup(100) == ("2", 4)
