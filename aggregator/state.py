@@ -25,38 +25,27 @@ class SeqState:
     def seen(self, seq: int) -> bool:
         return seq <= self.contiguous or seq in self.above
 
-    def add(self, seq: int) -> list[int]:
-        """Mark `seq` stored; returns the seqs that moved from `above` into `contiguous`."""
+    def add(self, seq: int) -> None:
+        """Mark `seq` stored (in memory: Ingest.flush snapshots and restores on a failed commit)."""
         self.above.add(seq)
-        return self._advance()
+        self._advance()
 
-    def settle_below(self, floor: int) -> list[int]:
-        """The sender no longer holds anything below `floor`: stop waiting for it. Returns the
-        stored seqs this took out of `above` (for `restore`)."""
+    def settle_below(self, floor: int) -> None:
+        """The sender no longer holds anything below `floor`: stop waiting for it."""
         if floor - 1 <= self.contiguous:
-            return []
+            return
         # Work in proportion to what is stored, never to the gap a peer claims (a floor of
         # 2^62 must not mean 2^62 steps under the ingest lock).
         settled = [s for s in self.above if s < floor]
         self.lost += floor - 1 - self.contiguous - len(settled)
         self.above.difference_update(settled)
         self.contiguous = floor - 1
-        return settled + self._advance()
+        self._advance()
 
-    def restore(self, contiguous: int, lost: int, taken: list[int], seq: int) -> None:
-        """Undo `settle_below` and `add(seq)` after their write failed: the state is as it
-        was before (`taken`: what they returned)."""
-        self.contiguous, self.lost = contiguous, lost
-        self.above.update(taken)
-        self.above.discard(seq)
-
-    def _advance(self) -> list[int]:
-        moved = []
+    def _advance(self) -> None:
         while self.contiguous + 1 in self.above:
             self.contiguous += 1
             self.above.discard(self.contiguous)
-            moved.append(self.contiguous)
-        return moved
 
 
 @dataclass

@@ -37,13 +37,11 @@ def _fill(conn) -> None:
     conn.execute(f"PRAGMA max_page_count={pages}")  # SQLite's real "disk is full"
 
 
-def test_restore_undoes_settle_and_add() -> None:
+def test_settle_and_add() -> None:
     s = SeqState(contiguous=3, above={5, 6, 9})
-    before = (s.contiguous, s.lost, set(s.above))
-    taken = s.settle_below(6) + s.add(7)
+    s.settle_below(6)
+    s.add(7)
     assert (s.contiguous, s.lost, s.above) == (7, 1, {9})
-    s.restore(before[0], before[1], taken, 7)
-    assert (s.contiguous, s.lost, s.above) == before
 
 
 def test_a_failed_write_changes_no_sequence_state(tmp_path: Path) -> None:
