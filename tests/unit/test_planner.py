@@ -242,9 +242,9 @@ def crowded(draw):
 
 
 def _failure(sc):
-    """A plan, then the busiest fabric link it uses fails: the engine that planned, the plan,
-    the new input and each flow's planned path as a candidate index of it (-1: it was on the
-    link)."""
+    """A plan, then the busiest fabric link it uses fails and the engine that planned re-plans:
+    the engine, the plan, the new input, each flow's planned path as a candidate index of it
+    (-1: it was on the link) and the re-plan."""
     topo, flows, pm, health = sc
     model = Model(topo)
     b = model.build(flows, pm, health, 0.0)
@@ -263,7 +263,9 @@ def _failure(sc):
     old = {fl.id: b.paths[f][r.assign[f]] for f, fl in enumerate(b.flows)}
     prev = [b2.paths[f].index(old[fl.id]) if old[fl.id] in b2.paths[f] else -1
             for f, fl in enumerate(b2.flows)]
-    return engine, r, b2, prev
+    r2 = engine.replan(b2.inst, prev, budget_s=5.0, target=r.max_util,
+                       keys=[fl.id for fl in b2.flows])
+    return engine, r, b2, prev, r2
 
 
 @SETTINGS
@@ -272,9 +274,7 @@ def test_replan_moves_the_fewest_flows_any_replan_reaching_its_maximum_moves(sc)
     got = _failure(sc)
     if got is None:
         return
-    engine, r, b2, prev = got
-    r2 = engine.replan(b2.inst, prev, budget_s=5.0, target=r.max_util,
-                       keys=[fl.id for fl in b2.flows])
+    _, _, b2, prev, r2 = got
     fewest = solver.min_moves(b2.inst, prev, r2.max_util, 20.0)
     if fewest is not None:
         assert len(r2.moved) == fewest
@@ -289,9 +289,7 @@ def test_a_replan_from_the_kept_state_equals_one_from_scratch(sc):
     got = _failure(sc)
     if got is None:
         return
-    engine, r, b2, prev = got
-    kept = engine.replan(b2.inst, prev, budget_s=5.0, target=r.max_util,
-                         keys=[fl.id for fl in b2.flows])
+    engine, r, b2, prev, kept = got
     assert engine.last is not None
     assert engine.last.load == pytest.approx(
         solver.loads(b2.inst, kept.assign).tolist(), abs=1e-3)
