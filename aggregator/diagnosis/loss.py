@@ -14,7 +14,6 @@ together: counters are per NIC, whichever job's traffic they count.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Hashable
 
 from c4.core.catalog import ROCE_SIGNALS
@@ -23,7 +22,7 @@ from c4.core.topology import endpoint
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding
-from .model import Cell, Comm, Model
+from .model import Cell, Comm, Model, SlowWindow
 from .slow import FRESH_INTERVALS, describe, nic_path
 from .stats import quantile
 
@@ -33,17 +32,17 @@ LOSS: dict[str, tuple[str, ...]] = {
     for end in ("rx", "tx")}
 
 
-@dataclass
-class End:
-    """One side (rx or tx) of one NIC: its loss rate and how persistently it stands out."""
+class End(SlowWindow):
+    """One side (rx or tx) of one NIC: its loss rate and how persistently it stands out (the
+    same window as a slow connection's)."""
 
-    rate: float = 0.0
-    seen: float = -1e18
-    hist: int = 0
-    streak: int = 0
-    since: float = 0.0
-    last_bad: float = 0.0
-    bad_rate: float = 0.0
+    __slots__ = ("rate", "seen", "bad_rate")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rate = 0.0
+        self.seen = -1e18
+        self.bad_rate = 0.0  # its rate in the last report that stood out
 
 
 class LossDetector:
@@ -72,11 +71,7 @@ class LossDetector:
                 bad = e.rate >= self.floor[end]
                 if bad:
                     e.bad_rate = e.rate
-                    if not e.hist:
-                        e.since = now
-                    e.last_bad = now
-                e.hist = ((e.hist << 1) | bad) & self.mask
-                e.streak = bin(e.hist).count("1")
+                e.push(bad, now, self.mask)
 
     def tick(self, now: float) -> list[Finding]:
         fresh = FRESH_INTERVALS * self.interval
@@ -100,8 +95,8 @@ class LossDetector:
             # most NICs count no loss; a lossy link can reach many, so the lower quartile
             base = quantile(rates, 0.25) if rates else 0.0
             self.floor[end] = max(self.cfg.counter_min_rate, self.cfg.counter_ratio * base)
-        bad = {k for k, e in live.items() if e.streak >= self.cfg.slow_persist
-               and e.last_bad - e.since >= self.cfg.slow_hold_s}
+        bad = {k for k, e in live.items()
+               if e.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)}
         if not bad:
             return []
         # ends that count loss now but not persistently are evidence of neither
