@@ -44,7 +44,6 @@ static struct {
   pthread_once_t cv_once;
   struct c4_comm *comms; /* live, finalizing and closed (freed later) communicators */
   int running, finals; /* finals: finalized communicators whose final summary is not out */
-  pthread_t thread;
   int wakefd; /* written by finalize: this thread stops waiting for the agent */
   /* The thread's own. */
   struct c4_comm **snap;
@@ -487,10 +486,11 @@ static int start_thread(const struct c4_config *cfg, char *err, size_t errlen) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_t thread; /* detached: never joined */
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  int rc = pthread_create(&G.thread, &attr, run, NULL);
+  int rc = pthread_create(&thread, &attr, run, NULL);
   pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) {

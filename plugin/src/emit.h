@@ -20,8 +20,9 @@ struct c4_config {
 int c4_emitter_add(struct c4_comm *c, const struct c4_config *cfg, char *err, size_t errlen);
 /* `context` if it is a registered live communicator, else NULL (compares pointers only). */
 struct c4_comm *c4_emitter_find(void *context);
-/* Finalizes: events are ignored from now on, the thread sends the final summary and frees
- * the state later. Never waits. */
+/* Finalizes: events are ignored from now on, the thread sends the final summary (without
+ * waiting for the agent) and frees the state later. Waits for that hand-off only, at most
+ * CLOSE_WAIT_NS (emit.c), never for the agent. */
 void c4_emitter_remove(struct c4_comm *c);
 
 #endif

@@ -227,7 +227,8 @@ static c4_nccl_result_t record(void *handle, c4_nccl_state_t state, c4_nccl_stat
   return C4_NCCL_SUCCESS;
 }
 
-/* Never waits: the background thread sends the final summary and frees the state later. */
+/* Never waits for the agent: the background thread sends the final summary and frees the
+ * state later (c4_emitter_remove). */
 static c4_nccl_result_t finalize(void *context) {
   struct c4_comm *c = c4_emitter_find(context);
   if (c != NULL) c4_emitter_remove(c);
