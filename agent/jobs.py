@@ -57,12 +57,8 @@ class JobResolver:
         return job, dev
 
     def _start_time(self, pid: int) -> str | None:
-        try:
-            stat = (self.proc_root / str(pid) / "stat").read_bytes()
-        except OSError:
-            return None
-        fields = stat.rpartition(b")")[2].split()  # the command name may contain spaces
-        return fields[19].decode() if len(fields) > 19 else None  # field 22: starttime
+        fields = stat_fields(self.proc_root, pid)
+        return fields[19].decode() if fields and len(fields) > 19 else None  # field 22: starttime
 
     def _read(self, pid: int) -> tuple[str | None, int | None]:
         try:
@@ -82,6 +78,16 @@ class JobResolver:
                 job = value
                 break
         return job, _device(env)
+
+
+def stat_fields(proc_root: Path, pid: int) -> list[bytes] | None:
+    """The fields of `<proc_root>/<pid>/stat` after the command name, from field 3 (state)
+    on; None if the process is gone or unreadable."""
+    try:
+        stat = (proc_root / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    return stat.rpartition(b")")[2].split()  # the command name may contain spaces and ')'
 
 
 def _device(env: dict[str, str]) -> int | None:

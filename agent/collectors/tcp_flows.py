@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 from c4.core.wire.sections.tcp_flows import MAX_FLOWS_PER_REPORT, MAX_OWNERS, PROC_STATES
 
 from .. import bpf
-from ..jobs import JobResolver
+from ..jobs import JobResolver, stat_fields
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 from .options import check_keys, get_int
 
@@ -594,16 +594,9 @@ def _netns_reader(proc_root: Path) -> Callable[[int], int]:
 
 def proc_state_reader(proc_root: Path) -> Callable[[int], str]:
     """pid -> its state letter in `<proc_root>/<pid>/stat` (`X`: gone or unreadable)."""
-    root = str(proc_root)
-
     def state_of(pid: int) -> str:
-        try:
-            with open(f"{root}/{pid}/stat", "rb") as f:
-                stat = f.read(512)
-        except OSError:
-            return "X"
-        # the state follows the command name, which may contain spaces and parentheses
-        state = stat[stat.rfind(b")") + 2:][:1].decode("ascii", "replace")
+        fields = stat_fields(proc_root, pid)
+        state = fields[0].decode("ascii", "replace") if fields else "X"
         return state if state in PROC_STATES else "X"
     return state_of
 
