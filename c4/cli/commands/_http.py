@@ -22,10 +22,15 @@ def add_aggregator_arg(p: argparse.ArgumentParser) -> None:
                    help=f"aggregator API base URL (env C4_AGGREGATOR, default {DEFAULT_URL})")
 
 
-def get_json(base_url: str, path: str, timeout: float = 10.0) -> dict[str, Any]:
+def get_json(base_url: str, path: str, timeout: float = 10.0,
+             post_token: str | None = None) -> dict[str, Any]:
+    """GET `path`; with `post_token`, POST an empty JSON body with that bearer token."""
     url = base_url.rstrip("/") + path
+    req = urllib.request.Request(url) if post_token is None else urllib.request.Request(
+        url, data=b"{}", method="POST", headers={"Content-Type": "application/json",
+                                                 "Authorization": f"Bearer {post_token}"})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:

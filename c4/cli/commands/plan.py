@@ -3,10 +3,7 @@ that move) and pushing it to the agents."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +11,7 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
-from ._http import ApiError, add_aggregator_arg, fail, print_json
+from ._http import ApiError, add_aggregator_arg, fail, get_json, print_json
 from ._http import query as http_query
 
 
@@ -53,22 +50,10 @@ def _apply(args: argparse.Namespace) -> int:
             token = Path(args.token_file).read_text().strip()
         except OSError as exc:
             return fail(f"cannot read the token file: {exc}", 2)
-    url = args.aggregator.rstrip("/") + "/api/v1/plan/apply"
-    req = urllib.request.Request(url, data=b"{}", method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {token}"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            out = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            msg = json.loads(exc.read()).get("error", exc.reason)
-        except ValueError:
-            msg = exc.reason
-        return fail(f"{url}: {exc.code} {msg}")
-    except (urllib.error.URLError, OSError) as exc:
-        return fail(str(ApiError(f"cannot reach the aggregator at {args.aggregator}: "
-                                 f"{getattr(exc, 'reason', exc)}")))
+        out = get_json(args.aggregator, "/api/v1/plan/apply", timeout=30, post_token=token)
+    except ApiError as exc:
+        return fail(str(exc))
     if args.json:
         print_json(out)
     elif out.get("plan_id"):
