@@ -355,6 +355,19 @@ struct hcomm {
   uint64_t hops_done, net_done, kern_done; /* proxy ops finished (all, network, kernel), under PX.mu */
 };
 
+/* A ProxyOp and a ProxyStep of communicator c, this process's own. */
+static void *ev_proxy_op(struct hcomm *c, void *parent, int peer, int ch, int is_send,
+                         int nsteps) {
+  struct ev e = {.type = C4_EV_PROXY_OP, .parent = parent, .rank = c->rank, .pid = self_pid,
+                 .peer = peer, .channel = ch, .is_send = is_send, .nsteps = nsteps};
+  return nccl_start(c->ctx, &e);
+}
+
+static void *ev_step(struct hcomm *c, void *op, int step) {
+  struct ev e = {.type = C4_EV_PROXY_STEP, .parent = op, .rank = c->rank, .step = step};
+  return nccl_start(c->ctx, &e);
+}
+
 static void comm_init(struct hcomm *c, uint64_t hash, int rank, int nranks, int nnodes) {
   memset(c, 0, sizeof *c);
   c->hash = hash;
@@ -1470,11 +1483,8 @@ static void scenario_after_finalize(void) {
   comm_init(&b, hb, 0, 2, 2); /* alive throughout: NCCL keeps the plugin loaded */
   comm_init(&a, ha, 0, 2, 2);
   struct call k = nccl_call(&a, "AllReduce", "ncclFloat32", 1024, 0, -1);
-  struct ev e = {.type = C4_EV_PROXY_OP, .parent = k.coll, .pid = self_pid, .peer = 1,
-                 .nsteps = 2, .is_send = 1};
-  void *op = nccl_start(a.ctx, &e);
-  struct ev s = {.type = C4_EV_PROXY_STEP, .parent = op};
-  void *step = nccl_start(a.ctx, &s);
+  void *op = ev_proxy_op(&a, k.coll, 1, 0, 1, 2);
+  void *step = ev_step(&a, op, 0);
   struct ev kc = {.type = C4_EV_KERNEL_CH, .parent = k.coll};
   void *kch = nccl_start(a.ctx, &kc);
   CHECK(k.coll && op && step && kch, "handles %p %p %p %p", k.coll, op, step, kch);
@@ -1484,10 +1494,8 @@ static void scenario_after_finalize(void) {
   nccl_stop(op);
   nccl_kch_end(kch);
   struct call late = nccl_call(&a, "AllReduce", "ncclFloat32", 1024, 0, -1);
-  e.parent = k.coll;
-  void *op2 = nccl_start(a.ctx, &e);
-  s.parent = op;
-  void *step2 = nccl_start(a.ctx, &s);
+  void *op2 = ev_proxy_op(&a, k.coll, 1, 0, 1, 2);
+  void *step2 = ev_step(&a, op, 1);
   CHECK(late.coll == NULL && op2 == NULL && step2 == NULL,
         "events after finalize got handles %p %p %p", late.coll, op2, step2);
   nccl_finalize(a.ctx); /* twice */
@@ -1764,18 +1772,6 @@ static int count_parts(struct view *v, void *arg) {
 static int has_peers(struct view *v, void *arg) {
   (void)arg;
   return v->sum->npeers > 0;
-}
-
-static void *ev_proxy_op(struct hcomm *c, void *parent, int peer, int ch, int is_send,
-                         int nsteps) {
-  struct ev e = {.type = C4_EV_PROXY_OP, .parent = parent, .rank = c->rank, .pid = self_pid,
-                 .peer = peer, .channel = ch, .is_send = is_send, .nsteps = nsteps};
-  return nccl_start(c->ctx, &e);
-}
-
-static void *ev_step(struct hcomm *c, void *op, int step) {
-  struct ev e = {.type = C4_EV_PROXY_STEP, .parent = op, .rank = c->rank, .step = step};
-  return nccl_start(c->ctx, &e);
 }
 
 static void scenario_wide(void) {
