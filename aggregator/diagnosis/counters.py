@@ -17,6 +17,17 @@ from .stats import median
 NAMES = RX + TX
 
 
+def port_rates(port: dict[str, Any], names: Iterable[str], interval: float) -> dict[str, float]:
+    """Per-second rates of `names` in one rdma port entry: its `rates`, else its `deltas` over
+    the interval. Look up the few RoCE names rather than filter every counter (a real port
+    reports ~100): the cost per report stays that of the signals."""
+    rates = port.get("rates")
+    if rates is None:
+        deltas = port.get("deltas") or {}
+        return {k: deltas[k] / interval for k in names if k in deltas} if interval > 0 else {}
+    return {k: float(rates[k]) for k in names if k in rates}
+
+
 class Counters:
     def __init__(self, cfg: DiagnosisConfig) -> None:
         self.cfg = cfg
@@ -24,14 +35,7 @@ class Counters:
 
     def on_rdma(self, host: str, section: dict[str, Any], interval: float) -> None:
         for port in section.get("ports", []):
-            # Look up the few RoCE names rather than filter every counter (a real port reports
-            # ~100): the cost per report stays that of the signals.
-            rates = port.get("rates")
-            if rates is None:
-                deltas = port.get("deltas") or {}
-                rates = {k: deltas[k] / interval for k in NAMES if k in deltas} if interval > 0 else {}
-            ep = endpoint(host, port["dev"])
-            self.rates[ep] = {k: float(rates[k]) for k in NAMES if k in rates}
+            self.rates[endpoint(host, port["dev"])] = port_rates(port, NAMES, interval)
 
     def corroborate(self, comm: Comm, cells: Iterable[Cell]) -> dict[str, dict[str, float]]:
         """Counters of the slow cells' ends that stand out against the job's NICs."""

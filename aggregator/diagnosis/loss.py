@@ -21,6 +21,7 @@ from c4.core.topology import endpoint
 
 from . import localise
 from .config import DiagnosisConfig
+from .counters import port_rates
 from .findings import Finding
 from .model import Cell, Comm, Model, SlowWindow
 from .slow import FRESH_INTERVALS, describe, nic_path
@@ -30,6 +31,7 @@ from .stats import quantile
 LOSS: dict[str, tuple[str, ...]] = {
     end: tuple(n for n, (e, sym, _) in ROCE_SIGNALS.items() if e == end and sym == "loss")
     for end in ("rx", "tx")}
+LOSS_NAMES = LOSS["rx"] + LOSS["tx"]
 
 
 class End(SlowWindow):
@@ -57,16 +59,13 @@ class LossDetector:
     def on_rdma(self, host: str, section: dict[str, Any], interval: float, now: float) -> None:
         self.interval = interval or self.interval
         for port in section.get("ports", []):
-            rates = port.get("rates")
-            if rates is None:
-                deltas = port.get("deltas") or {}
-                rates = {k: v / interval for k, v in deltas.items()} if interval > 0 else {}
+            rates = port_rates(port, LOSS_NAMES, interval)
             nic = endpoint(host, port["dev"])
             for end, names in LOSS.items():
                 e = self.ends.get((end, nic))
                 if e is None:
                     e = self.ends[(end, nic)] = End()
-                e.rate = sum(float(rates.get(n, 0.0)) for n in names)
+                e.rate = sum(rates.get(n, 0.0) for n in names)
                 e.seen = now
                 bad = e.rate >= self.floor[end]
                 if bad:
