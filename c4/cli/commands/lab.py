@@ -302,9 +302,9 @@ def _follow(args: argparse.Namespace, st: Any, rid: str) -> int:
         runs.stop_run(st, rid)
         return 130
     runs.finish(st, rid)
-    summary = summarize(read_steps(d))
+    summary = summarize(steps)  # the last read holds every step and the "done" line
     if args.json:
-        _print({"run": rid, "summary": summary, "steps": read_steps(d)})
+        _print({"run": rid, "summary": summary, "steps": steps})
     else:
         print(f"{summary['steps']} steps: median step {summary['step_s_median']:.3f} s, "
               f"AllReduce {summary['allreduce_s_median']:.3f} s, bus bandwidth "
