@@ -140,16 +140,18 @@ class Planner:
             qps = [(q, devs.get((q["lqpn"], q["pid"])) or (next(iter(only)) if len(only) == 1
                                                            else None))
                    for q in vq.get("qps", []) if q["qp_type"] in ("RC", "UC")]
-            live = [(q, dev) for q, dev in qps if dev and not q["destroyed"] and
-                    q["state"] == "RTS" and q.get("dgid") and q.get("sport") is not None]
-            per_port: dict[tuple[str, int], int] = {}
-            for q, dev in live:
+            # indices, not the (dict, dev) pairs: membership stays O(1) per QP
+            live = {i for i, (q, dev) in enumerate(qps) if dev and not q["destroyed"] and
+                    q["state"] == "RTS" and q.get("dgid") and q.get("sport") is not None}
+            per_port: dict[tuple[str | None, int], int] = {}
+            for i in live:
+                q, dev = qps[i]
                 per_port[(dev, q["port"])] = per_port.get((dev, q["port"]), 0) + 1
-            for q, dev in qps:
+            for i, (q, dev) in enumerate(qps):
                 fid = f"qp:{dev}:{q['lqpn']}"
                 flows.pop(fid, None)
                 dst = self.gids.get(q.get("dgid") or "")
-                if dev is None or (q, dev) not in live or dst is None or \
+                if dev is None or i not in live or dst is None or \
                         dst.partition("/")[0] == host:
                     continue
                 rate = tx.get((dev, q["port"]))
