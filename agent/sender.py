@@ -188,7 +188,7 @@ class Sender:
 
     def _settled(self, boot: str, q: deque[_Pending], seq: int) -> None:
         if self.spool is not None:
-            self._spool("settle", boot, seq, [(p.seq, p.data) for p in q])
+            self._spool("settle", boot, seq, lambda: [(p.seq, p.data) for p in q])
         if not q and boot != self.boot:
             del self._queues[boot]
 
@@ -301,7 +301,7 @@ class Sender:
                 self._bytes -= len(p.data)
                 self.stats.dropped_invalid += 1
                 if self.spool is not None:  # settled: a restart must not resend it
-                    self._spool("forget", boot, p.seq, [(x.seq, x.data) for x in q])
+                    self._spool("forget", boot, p.seq)
                 return
 
     def _on_ack(self, body: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ import logging
 import os
 import struct
 from pathlib import Path
+from typing import Callable
 
 REC = struct.Struct("<cQI")
 SUFFIX = ".spool"
@@ -44,36 +45,35 @@ class Spool:
             frames = _read(path, self.log)
             if frames:
                 out[boot] = frames
-                self._files[boot] = _File(path, sum(len(d) for _, d in frames))
+                self._files[boot] = _File(path)
             else:
                 path.unlink(missing_ok=True)
         return out
 
     def append(self, boot: str, seq: int, data: bytes) -> None:
-        f = self._file(boot)
-        f.write(b"F", seq, data)
-        f.live += len(data)
+        self._file(boot).write(b"F", seq, data)
 
-    def settle(self, boot: str, seq: int, live: list[tuple[int, bytes]]) -> None:
-        """Frames of `boot` up to `seq` are settled; `live`: what is still held after that."""
+    def settle(self, boot: str, seq: int, live: Callable[[], list[tuple[int, bytes]]]) -> None:
+        """Frames of `boot` up to `seq` are settled; `live()`: what is still held after that,
+        asked for only when it decides something (every ack must not copy the queue)."""
         f = self._files.get(boot)
         if f is None:
             return
-        f.live = sum(len(d) for _, d in live)
-        if not live and boot != self.boot:
+        if boot != self.boot and not live():
             f.close()
             f.path.unlink(missing_ok=True)
             del self._files[boot]
             return
         f.write(b"A", seq, b"")
-        if f.size >= COMPACT_MIN and f.live * 2 < f.size:
-            f.rewrite(live)
+        if f.size >= COMPACT_MIN:
+            frames = live()
+            if sum(len(d) for _, d in frames) * 2 < f.size:
+                f.rewrite(frames)
 
-    def forget(self, boot: str, seq: int, live: list[tuple[int, bytes]]) -> None:
+    def forget(self, boot: str, seq: int) -> None:
         f = self._files.get(boot)
         if f is not None:
             f.write(b"X", seq, b"")
-            f.live = sum(len(d) for _, d in live)
 
     def close(self) -> None:
         for f in self._files.values():
@@ -83,14 +83,13 @@ class Spool:
     def _file(self, boot: str) -> _File:
         f = self._files.get(boot)
         if f is None:
-            f = self._files[boot] = _File(self.dir / f"{boot}{SUFFIX}", 0)
+            f = self._files[boot] = _File(self.dir / f"{boot}{SUFFIX}")
         return f
 
 
 class _File:
-    def __init__(self, path: Path, live: int) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.live = live  # payload bytes of unsettled frames
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self.size = os.fstat(self.fd).st_size
 

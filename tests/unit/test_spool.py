@@ -9,7 +9,7 @@ from pathlib import Path
 import zmq
 
 from c4.agent.sender import Sender
-from c4.agent.spool import Spool
+from c4.agent.spool import COMPACT_MIN, Spool
 from tests.e2e.procs import free_port
 from tests.unit.test_sender import Router, _report
 
@@ -91,6 +91,22 @@ def test_a_torn_last_record_ends_the_replay(tmp_path: Path) -> None:
     path = tmp_path / "old.spool"
     path.write_bytes(path.read_bytes()[:-2])  # killed in the middle of a write
     assert Spool(tmp_path, "new", log).load() == {"old": [(1, b"one")]}
+
+
+def test_a_mostly_settled_file_is_rewritten_with_what_is_live(tmp_path: Path) -> None:
+    log = logging.getLogger("test")
+    sp = Spool(tmp_path, "old", log)
+    chunk = bytes(64 << 10)
+    frames = [(seq, chunk) for seq in range(1, 21)]  # 1.25 MiB: past COMPACT_MIN
+    for seq, data in frames:
+        sp.append("old", seq, data)
+    path = tmp_path / "old.spool"
+    assert path.stat().st_size > COMPACT_MIN
+    sp.settle("old", 18, lambda: frames[18:])
+    assert path.stat().st_size < 3 * len(chunk)  # two live frames left, the rest rewritten away
+    sp.append("old", 21, b"after")  # appends go on in the rewritten file
+    sp.close()
+    assert Spool(tmp_path, "new", log).load() == {"old": frames[18:] + [(21, b"after")]}
 
 
 def test_an_unwritable_spool_falls_back_to_memory(tmp_path: Path) -> None:
