@@ -7,9 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from c4.core import keys
 from c4.core.keys import ClientKeys
@@ -21,6 +23,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def serving(srv: Any) -> Iterator[Any]:
+    """An in-process aggregator.server.Server running its loop on a thread; stopped after."""
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    try:
+        yield srv
+    finally:
+        srv.stop_event.set()
+        t.join(10)
 
 
 def c4_cmd(*args: str) -> list[str]:

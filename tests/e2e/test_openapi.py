@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -19,7 +18,7 @@ from c4.aggregator.openapi import spec
 from c4.aggregator.server import Server
 from c4.core import wire
 from c4.core.wire import Frame
-from tests.e2e.procs import free_port
+from tests.e2e.procs import free_port, serving
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "t0ken-for-schemathesis-only"
@@ -36,13 +35,8 @@ def live(tmp_path: Path) -> Iterator[Server]:
     with srv.lock:  # a host to read, so host routes answer 200 as well as 404
         srv.core.ingest.handle(wire.encode(Frame(
             "report", "gpu-01", "b1", 1, 1.0, {"interval": 1.0, "health": {}})), 1.0)
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    try:
+    with serving(srv):
         yield srv
-    finally:
-        srv.stop_event.set()
-        t.join(10)
 
 
 def test_docs_copy_is_current() -> None:

@@ -7,7 +7,6 @@ closed by the schema: what must hold is the guard, whatever the next bug is.
 from __future__ import annotations
 
 import json
-import threading
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,21 +19,15 @@ from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.server import Server
 from c4.core import wire
 from c4.core.wire import Frame
-from tests.e2e.procs import free_port, wait_for
+from tests.e2e.procs import free_port, serving, wait_for
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     cfg = AggregatorConfig(listen=f"tcp://127.0.0.1:{free_port()}", api="127.0.0.1:0",
                            db=tmp_path / "c4.db", insecure=True)
-    srv = Server(cfg)
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    try:
+    with serving(Server(cfg)) as srv:
         yield srv
-    finally:
-        srv.stop_event.set()
-        t.join(10)
 
 
 def _api(srv: Server, path: str) -> tuple[int, Any]:
