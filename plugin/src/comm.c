@@ -60,8 +60,10 @@ struct c4_comm *c4_comm_new(uint64_t hash, int nnodes, int nranks, int rank, int
 void c4_comm_learn(struct c4_comm *c, uint64_t hash, int rank) {
   if (rank < 0 || rank >= (1 << 24)) return;
   c4_comm_saw_rank(c, rank);
-  uint32_t no = 0;
-  if (!atomic_compare_exchange_strong(&c->known, &no, 2)) return; /* known, or being learned */
+  uint32_t no = 0; /* a plain load first: every later Coll/P2p skips the locked RMW */
+  if (atomic_load_explicit(&c->known, memory_order_relaxed) != 0 ||
+      !atomic_compare_exchange_strong(&c->known, &no, 2))
+    return; /* known, or being learned */
   atomic_store_explicit(&c->hash, hash, memory_order_relaxed);
   atomic_store_explicit(&c->rank, rank, memory_order_relaxed);
   atomic_store_explicit(&c->known, 1, memory_order_release);
