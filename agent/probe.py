@@ -195,10 +195,6 @@ class Prober:
         self._prune()
         return t
 
-    def forget(self) -> None:
-        self._cache.clear()
-        self._distance.clear()
-
     # -- UDP (RoCEv2) ---------------------------------------------------------------------
     def _udp_socket(self, family: int, src: str | None, sport: int) -> socket.socket:
         s = socket.socket(family, socket.SOCK_DGRAM)
