@@ -10,7 +10,7 @@ from c4.cli.commands._http import print_json as _print
 from c4.core.topology import TopologyError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "lab", help="emulate a GPU cluster's fabric on this machine (root)",
         description="Build a leaf-spine fabric of network namespaces (real Linux ECMP, TCP, "
