@@ -113,7 +113,6 @@ INCIDENT_CLASSES: dict[str, int] = {
     "hw_xid": 0, "hw_nic_down": 0, "hw_link_flap": 0, "hw_pfc_storm": 0, "hw_aer": 0,
     "host_silent": 1, "comm_hang": 2, "noncomm_hang": 2, "comm_slow": 3, "noncomm_slow": 3,
 }
-# Suspect kinds, and those an action may drain: a fabric link is not a node, and draining an
+# Suspect kinds an action may drain: a fabric link or a path is not a node, and draining an
 # endpoint for it would isolate a healthy host.
-SUSPECT_KINDS = ("host", "nic", "gpu", "rank", "link", "path")
 DRAINABLE_KINDS = ("host", "nic", "gpu", "rank")
