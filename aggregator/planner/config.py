@@ -46,6 +46,13 @@ class PlanningConfig:
             raise ConfigError(f"{where}probe_ports: must be 1..64 (one probe entry's limit)")
         if len(self.tcp_ports) != 2 or not 1024 <= self.tcp_ports[0] < self.tcp_ports[1] <= 65535:
             raise ConfigError(f"{where}tcp_ports: expected [low, high] within 1024..65535")
-        if min(self.interval_s, self.probe_retry_s, self.budget_s, self.path_ttl_s) <= 0:
-            raise ConfigError(f"{where}interval_s, probe_retry_s, budget_s, path_ttl_s: "
-                              "must be > 0")
+        if min(self.interval_s, self.probe_retry_s, self.budget_s, self.path_ttl_s,
+               self.probe_sports_per_s) <= 0:
+            raise ConfigError(f"{where}interval_s, probe_retry_s, budget_s, path_ttl_s, "
+                              "probe_sports_per_s: must be > 0")
+        if self.probe_host_interval_s < 0:
+            raise ConfigError(f"{where}probe_host_interval_s: must be >= 0")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ConfigError(f"{where}min_gain: must be in [0, 1)")
+        if not 0.0 <= self.suspect_confidence <= 1.0:
+            raise ConfigError(f"{where}suspect_confidence: must be in [0, 1]")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from c4.aggregator.planner.config import PlanningConfig
 from c4.aggregator.planner.service import Planner
 from c4.core import wire
+from c4.core.config import ConfigError, build
 from c4.core.topology import Topology
 from c4.core.wire import Frame
 
@@ -225,3 +228,14 @@ def test_diagnosis_reads_learned_paths_and_asks_for_probes():
     assert p.learned_path(src, dst, 3.0) == t.ecmp_path(src, dst, "roce", 0xC123, 4791)
     core = build_core(AggregatorConfig(), db_path=":memory:", topology=t)
     assert core.diagnosis.model.paths is core.planner
+
+
+@pytest.mark.parametrize("key, value", [
+    ("suspect_factor", 0.0), ("probe_ports", 65), ("tcp_ports", [60999, 32768]),
+    ("budget_s", 0.0), ("probe_sports_per_s", -1.0), ("probe_host_interval_s", -1.0),
+    ("min_gain", 1.0), ("suspect_confidence", 1.5)])
+def test_planning_config_rejects_values_that_would_silently_stop_or_skew_planning(key, value):
+    # a negative probe rate never refills the token bucket: probing would stop without a word
+    with pytest.raises(ConfigError, match=rf"^planning\..*{key}"):
+        build(PlanningConfig, {key: value}, "planning")
+    build(PlanningConfig, {}, "planning")  # the defaults pass
