@@ -17,7 +17,7 @@ from c4.core import ordinals
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
-from .model import Comm, Model, Rank
+from .model import PAUSE_MARGIN, Comm, Model, Rank
 from .slow import describe, matrix, nic_path
 
 STUCK_SHARE = 0.5  # a send connection that spent this share of the interval in SendWait
@@ -133,7 +133,7 @@ class HangDetector:
         one of at least WRITER_PAUSES, another rank idle that way is no checkpoint."""
         pause = self.pausing.pop(comm.comm, None)
         if pause is not None:
-            self.pause_s[comm.job] = max(self.pause_s.get(comm.job, 0.0), 1.5 * pause[0])
+            self.pause_s[comm.job] = max(self.pause_s.get(comm.job, 0.0), PAUSE_MARGIN * pause[0])
             writers, n, same = self.writers.get(comm.job, (set(), 0, True))
             self.writers[comm.job] = (writers | pause[1], n + 1,
                                       same and (n == 0 or pause[1] == writers))

@@ -24,6 +24,9 @@ class HostInfo:
 
 
 PACE_REPORTS = 9
+# a job's next checkpoint may last this much longer than the longest pause it recovered from
+# (the NCCL and the TCP hang detectors' learned allowance)
+PAUSE_MARGIN = 1.5
 MARGINAL_REPORTS = 20
 LEARNED_REFRESH_S = 5.0  # a learned path (C4P's probes) is looked up again this often
 

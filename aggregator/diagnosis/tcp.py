@@ -34,7 +34,7 @@ from typing import Any, Hashable
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
-from .model import PACE_REPORTS, Model, SlowWindow, bare_addr
+from .model import PACE_REPORTS, PAUSE_MARGIN, Model, SlowWindow, bare_addr
 from .slow import FRESH_INTERVALS, describe
 from .stats import lower_baseline, median
 
@@ -273,7 +273,7 @@ class TcpDetector:
         if stalled < cfg.hang_floor_s or any(now - tj.reported[h] > stale for h in hosts):
             if tj.stall is not None and stalled < cfg.hang_floor_s:  # it moves again
                 if tj.stall[1]:  # recovered by itself: the job's pauses last this long
-                    tj.pause_s = max(tj.pause_s, 1.5 * (start - tj.stall[0]))
+                    tj.pause_s = max(tj.pause_s, PAUSE_MARGIN * (start - tj.stall[0]))
                 tj.stall = None
             return []
         stopped = {h: sorted(p for p, o in tj.owners.get(h, {}).items() if o.state in STOPPED)
