@@ -3,7 +3,8 @@ hung sysfs file) delays only its own section, never the others' interval.
 
 The agent asks every runner once per interval and waits until `deadline`; a collector still
 busy then is reported unhealthy for this interval ("slow") and is not asked again until it
-returns; what it returns late goes into the next report. A collector is only ever called from
+returns; what it returns late goes into the next report, and it is asked again the interval
+after. A collector is only ever called from
 its own thread, one call at a time, so collectors need no locks of their own.
 """
 from __future__ import annotations
@@ -55,9 +56,11 @@ class CollectorRunner:
                 self._ask.notify_all()
 
     def request(self, now: float) -> bool:
-        """Ask for a sample; False while the previous call has not returned."""
+        """Ask for a sample; False while the previous call has not returned, or has returned
+        late and its outcome is not taken yet: that one fills this interval, and the next
+        request is on time again (asking now would leave every later report one call behind)."""
         with self._ask:
-            if self._busy_since is not None:
+            if self._busy_since is not None or self._done is not None:
                 return False
             self._busy_since = time.monotonic()
             self._now = now
