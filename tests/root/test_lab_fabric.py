@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from c4.core.topology import Topology
-from c4.lab import cgroups, control, netns, runs
+from c4.lab import c4p, cgroups, control, netns, runs
 from c4.lab.state import ROOT, LabState, marked_pids
 from c4.lab.workload import connections, read_steps, request_reconnect
 
@@ -120,13 +120,8 @@ def test_ring_reconnects_on_planned_source_ports(lab: LabState, ring: str) -> No
     d = runs.run_info(lab, ring)[1]["dir"]
     before = {c["id"]: c for c in connections(d)}
     sports = {"r0c0": 41001, "r3c1": 41002}
-    epoch = request_reconnect(d, sports)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        after = {c["id"]: c for c in connections(d)}
-        if all(c["epoch"] >= epoch for c in after.values()):
-            break
-        time.sleep(0.2)
+    c4p.wait_epoch(Path(d), request_reconnect(d, sports) - 1, 60)
+    after = {c["id"]: c for c in connections(d)}
     assert after["r0c0"]["sport"] == 41001 and after["r3c1"]["sport"] == 41002
     assert after["r1c0"]["sport"] == before["r1c0"]["sport"]
     n = len([s for s in read_steps(d) if "step" in s])

@@ -324,9 +324,9 @@ def _stop(args: argparse.Namespace) -> int:
 
 @_guard
 def _reconnect(args: argparse.Namespace) -> int:
-    import time
+    from pathlib import Path
 
-    from c4.lab import runs
+    from c4.lab import c4p, runs
     from c4.lab.state import LabError, LabState
     from c4.lab.workload import connections, request_reconnect
 
@@ -339,14 +339,8 @@ def _reconnect(args: argparse.Namespace) -> int:
             raise LabError(f"--sport {item!r}: expected CONN=PORT, e.g. r0c1=45001")
         sports[conn] = int(port)
     epoch = request_reconnect(info["dir"], sports)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        conns = connections(info["dir"])
-        if conns and all(c["epoch"] >= epoch for c in conns):
-            break
-        time.sleep(0.2)
-    else:
-        raise LabError(f"run {rid} did not reconnect within 60 s")
+    c4p.wait_epoch(Path(info["dir"]), epoch - 1, 60)
+    conns = connections(info["dir"])
     if args.json:
         _print({"run": rid, "epoch": epoch, "connections": conns})
     else:
