@@ -74,21 +74,18 @@ class LossDetector:
 
     def tick(self, now: float) -> list[Finding]:
         fresh = FRESH_INTERVALS * self.interval
-        obs: dict[Hashable, set[localise.Component]] = {}
-        carried: dict[Hashable, list[tuple[Comm, Cell]]] = {}
+        carried: dict[Hashable, list[tuple[Comm, Cell]]] = {}  # end -> its fresh connections
         for comm in self.model.comms.values():
             for cell in comm.cells.values():
                 if now - cell.seen > fresh:
                     continue  # no data lately: its ends say nothing about it
-                comps = self.model.components(comm, cell)
                 s, d = comm.ranks.get(cell.src), comm.ranks.get(cell.dst)
-                if comps is None or s is None or d is None:
+                if s is None or d is None or self.model.components(comm, cell) is None:
                     continue
                 for key in (("tx", s.nic), ("rx", d.nic)):
                     if key[1] is not None and key in self.ends:
-                        obs.setdefault(key, set()).update(comps)
                         carried.setdefault(key, []).append((comm, cell))
-        live = {k: self.ends[k] for k in obs if now - self.ends[k].seen <= fresh}  # type: ignore[index]
+        live = {k: self.ends[k] for k in carried if now - self.ends[k].seen <= fresh}  # type: ignore[index]
         for end in ("rx", "tx"):
             rates = sorted(e.rate for (x, _), e in live.items() if x == end)
             # most NICs count no loss; a lossy link can reach many, so the lower quartile
@@ -99,7 +96,10 @@ class LossDetector:
         if not bad:
             return []
         # ends that count loss now but not persistently are evidence of neither
-        cells = {k: sorted(obs[k]) for k, e in live.items() if k in bad or not e.hist}
+        # what each end's connections cross (cell.comps: set by model.components above), built
+        # only when some end counts loss
+        cells = {k: sorted({c for _, cell in carried[k] for c in cell.comps})
+                 for k, e in live.items() if k in bad or not e.hist}
         found, rest = localise.peel(bad, cells, self.cfg.localise_confidence)
         out = [self._finding(r[0], carried, now) for r in found]
         if rest:
