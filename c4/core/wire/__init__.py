@@ -78,6 +78,12 @@ def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME,
         )
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise Rejected("malformed", f"not a msgpack value: {type(exc).__name__}: {exc}") from None
+    return from_obj(obj, check_body)
+
+
+def from_obj(obj: Any, check_body: Callable[[str, Any], dict[str, Any]] = kinds.validate_body
+             ) -> Frame:
+    """The checks of `decode` after unpacking (`wire.fast` unpacks in C)."""
     if not isinstance(obj, dict):
         raise Rejected("malformed", f"frame is a {type(obj).__name__}, expected a map")
     try:
@@ -103,5 +109,5 @@ def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME,
                  (major, minor), env.get("floor"))
 
 
-__all__ = ["Frame", "Rejected", "encode", "decode", "MAJOR", "MINOR", "DEFAULT_MAX_FRAME",
+__all__ = ["Frame", "Rejected", "encode", "decode", "from_obj", "MAJOR", "MINOR", "DEFAULT_MAX_FRAME",
            "REJECT_REASONS", "Invalid"]

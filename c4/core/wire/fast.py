@@ -4,13 +4,15 @@ The DSL stays the one source and the reference: the types here are derived from 
 objects at import (ranges, lengths, enums, required/optional/unknown fields), so a change to a
 section's schema changes them too, and docs/wire.md is still rendered from the DSL.
 
-`decode` runs msgspec's typed decoder over the frame's body first. When it accepts, the
-reference `wire.decode` runs with a body check that only matches the string patterns (against
-a cache of names already matched: counter and device names repeat in every frame; msgspec
-would call Python's `re` once per string, which cost more than all the rest). Unpacking, the
-envelope, version and kind checks are the reference's own. When anything is refused or
-uncertain, the reference validates the body in full and produces the reject and its reason
-exactly as before: rejects are rare and cost what they always did. Correctness rests on one
+`decode` unpacks a frame once, in C: the envelope's fields as they come, its body by the
+kind's generated type (everything but the string patterns), then turned into the maps and lists
+the DSL returns (`msgspec.to_builtins`; a number field keeps an int an int). The reference's
+own envelope, version and kind checks run on that (`wire.from_obj`), with a body check that
+only matches the patterns (against a cache of names already matched: counter and device names
+repeat in every frame; msgspec would call Python's `re` once per string, which cost more than
+all the rest). When anything is refused or uncertain, the reference decodes the bytes again and
+validates the body in full, so the reject and its reason are exactly its own: rejects are rare
+and cost what they always did. Correctness rests on one
 property, "the fast path accepts => the DSL accepts", which tests/unit/test_wire_fast.py checks
 (hypothesis over every kind, the golden recording, the hostile frames). Each generated type is
 at least as strict as its spec; a spec msgspec cannot express exactly raises `Unsupported`, and
@@ -18,13 +20,14 @@ its kind keeps the reference path (`FAST_KINDS` lists those that have a fast one
 """
 from __future__ import annotations
 
+import math
 import sys
 from operator import methodcaller
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 import msgspec
 
-from . import DEFAULT_MAX_FRAME, Frame, kinds
+from . import DEFAULT_MAX_FRAME, Frame, Rejected, from_obj, kinds
 from . import decode as reference_decode
 from .schema import Bool, Enum, Float, Int, List, Map, Nullable, Record, Spec, Str
 from .sections import EVENTS
@@ -56,12 +59,18 @@ def _int(spec: Int) -> Any:
 
 
 def _float(spec: Float) -> Any:
+    """int or float, each kept as it came (the DSL accepts an int where a number is asked for,
+    and the decoded body keeps it an int)."""
     for b in (spec.min, spec.max):
         if b is not None and abs(b) >= _EXACT_FLOAT:
             raise Unsupported(f"float bound {b} not exact for integer values")
     lo = -_FLOAT_MAX if spec.min is None else spec.min
     hi = _FLOAT_MAX if spec.max is None else spec.max
-    return Annotated[float, _meta(ge=lo, le=hi)]
+    ilo = None if spec.min is None else math.ceil(spec.min)
+    ihi = None if spec.max is None else math.floor(spec.max)
+    as_int = Annotated[int, _meta(ge=ilo, le=ihi)] if spec.min is not None or \
+        spec.max is not None else int
+    return Union[as_int, Annotated[float, _meta(ge=lo, le=hi)]]
 
 
 class _Generator:
@@ -260,37 +269,47 @@ _FIELDS = [n for n, _, _ in kinds.EVENT_HEAD.fields()]
 _TYPE_ATTR, _ATTRS_ATTR = f"f{_FIELDS.index('type')}", f"f{_FIELDS.index('attrs')}"
 
 
-class _Envelope(msgspec.Struct, gc=False):
-    """Only what finding the body needs; the reference checks the envelope itself."""
+# The envelope as a struct whose body stays undecoded until its kind's type decodes it; its
+# other fields are taken as they come and checked by the reference (wire.from_obj). Unknown
+# envelope fields are refused, as ENVELOPE does.
+_ENV_BODY = kinds.ENVELOPE.required["body"]
+_ENVELOPE: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(msgspec.defstruct(
+    "Envelope", [(n, msgspec.Raw) if s is _ENV_BODY else (n, Any, msgspec.UNSET)
+                 for n, s, _ in kinds.ENVELOPE.fields()],
+    kw_only=True, forbid_unknown_fields=True, gc=False))
+_ENV_FIELDS = [n for n, _, _ in kinds.ENVELOPE.fields() if n != "body"]
+_UNTYPED = msgspec.msgpack.Decoder()
 
-    kind: str
-    body: msgspec.Raw
 
-
-_ENVELOPE = msgspec.msgpack.Decoder(_Envelope)
-
-
-def _typed_ok(data: bytes) -> bool:
-    """The body passed msgspec's typed decoding (everything but patterns). False means "not
-    known", never "invalid": the reference then decides."""
+def _unpack(data: bytes) -> dict[str, Any] | None:
+    """The frame as wire.decode's unpacking makes it, unpacked once and its body validated by
+    type (everything but patterns) on the way; None means "not known", never "invalid": the
+    reference then decides."""
     try:
         env = _ENVELOPE.decode(data)
-        dec = _BODY.get(env.kind)
+        kind = env.kind
+        dec = _BODY.get(kind) if type(kind) is str else None
         if dec is None:
-            return False
+            return None
         body = dec.decode(env.body)
-        if env.kind == "event":
+        if kind == "event":
             attrs = _EVENT.get(getattr(body, _TYPE_ATTR))
             if attrs is None:
-                return False
+                return None
             attrs.decode(getattr(body, _ATTRS_ATTR))
-        return True
+            body = _UNTYPED.decode(env.body)  # attrs as a map, as the DSL keeps them
+        else:
+            # Structs -> the maps the DSL returns; absent optional fields stay absent
+            body = msgspec.to_builtins(body)
+        obj = {n: v for n in _ENV_FIELDS if (v := getattr(env, n)) is not msgspec.UNSET}
+        obj["body"] = body
+        return obj
     except Exception:  # noqa: BLE001 - any failure (validation, decoding, depth): ask the reference
-        return False
+        return None
 
 
 def _check_patterns(kind: str, body: Any) -> dict[str, Any]:
-    """check_body for wire.decode after _typed_ok: only the patterns are left to match."""
+    """check_body for wire.from_obj after _unpack: only the patterns are left to match."""
     try:
         check = _BODY_PATTERNS[kind]
         if check is not None:
@@ -305,7 +324,12 @@ def _check_patterns(kind: str, body: Any) -> dict[str, Any]:
 
 
 def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> Frame:
-    """`wire.decode` with the body validated in C: the same Frames, the same Rejected."""
-    if len(data) <= max_frame and _typed_ok(data):
-        return reference_decode(data, max_frame, check_body=_check_patterns)
+    """`wire.decode` with the frame unpacked once and its body validated in C: the same Frames,
+    the same Rejected (any refusal on the fast path is decided again by the reference, from the
+    bytes, so its reason is the reference's)."""
+    if len(data) <= max_frame and (obj := _unpack(data)) is not None:
+        try:
+            return from_obj(obj, check_body=_check_patterns)
+        except Rejected:
+            pass
     return reference_decode(data, max_frame)
