@@ -15,7 +15,8 @@
  *   derives the planned port (0xC000-0xFFFF), other ports are set right after RTR->RTS.
  * Nothing on an application thread waits for the agent: results go to an outbox that the
  * background thread sends; the QP table's lock is held only for table updates and, on the
- * background thread, for the one modify call that must not race with ibv_destroy_qp. */
+ * background thread, for the one modify call that must not race with ibv_destroy_qp (no socket
+ * or file I/O under it). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -44,6 +45,8 @@
 #endif
 #define DEFAULT_SOCKET "/run/c4/pathctl.sock"
 #define OUTBOX_MAX 1024
+#define SEND_BATCH 64 /* results the background thread takes from the outbox per lock */
+#define QP_BUCKETS 4096
 #define RETRY_MIN_MS 500
 #define RETRY_MAX_MS 10000
 #define SPORT_BASE 0xC000
@@ -244,6 +247,8 @@ static void mlx5_open(void)
 
 struct qp_entry {
 	struct ibv_qp *qp;
+	struct qp_entry *next_qp;  /* hash chains: by `qp` and by `qpn` */
+	struct qp_entry *next_qpn;
 	uint32_t qpn;
 	uint32_t rqpn;
 	enum ibv_qp_state state;
@@ -257,29 +262,64 @@ struct qp_entry {
 	char dev[C4PC_DEV_LEN];
 };
 
+/* Every verb looks its QP up, so the table is hashed both ways (a process may hold thousands). */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static struct qp_entry *qps;
-static size_t nqps, capqps;
+static struct qp_entry *by_qp[QP_BUCKETS], *by_qpn[QP_BUCKETS];
 static struct c4pc_msg outbox[OUTBOX_MAX];
 static size_t out_head, out_len;
 static unsigned long out_dropped;
 static int wake_fd = -1;
 static int thread_started;
 
+static size_t bucket(uint64_t key)
+{
+	return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 52) % QP_BUCKETS;
+}
+
+static struct qp_entry **qp_slot(const struct ibv_qp *qp)
+{
+	return &by_qp[bucket((uintptr_t)qp)];
+}
+
 static struct qp_entry *find_qp(const struct ibv_qp *qp)
 {
-	for (size_t i = 0; i < nqps; i++)
-		if (qps[i].qp == qp)
-			return &qps[i];
-	return NULL;
+	struct qp_entry *e = *qp_slot(qp);
+
+	while (e && e->qp != qp)
+		e = e->next_qp;
+	return e;
 }
 
 static struct qp_entry *find_qpn(const char *dev, uint32_t qpn)
 {
-	for (size_t i = 0; i < nqps; i++)
-		if (qps[i].qpn == qpn && (!*dev || !strcmp(dev, qps[i].dev)))
-			return &qps[i];
-	return NULL;
+	struct qp_entry *e = by_qpn[bucket(qpn)];
+
+	while (e && (e->qpn != qpn || (*dev && strcmp(dev, e->dev))))
+		e = e->next_qpn;
+	return e;
+}
+
+static void table_add(struct qp_entry *e)
+{
+	struct qp_entry **a = qp_slot(e->qp), **b = &by_qpn[bucket(e->qpn)];
+
+	e->next_qp = *a;
+	*a = e;
+	e->next_qpn = *b;
+	*b = e;
+}
+
+static void table_remove(struct qp_entry *e)
+{
+	struct qp_entry **p = qp_slot(e->qp);
+
+	while (*p != e)
+		p = &(*p)->next_qp;
+	*p = e->next_qp;
+	for (p = &by_qpn[bucket(e->qpn)]; *p != e; p = &(*p)->next_qpn)
+		;
+	*p = e->next_qpn;
+	free(e);
 }
 
 /* Queue a result for the agent (lock held); the background thread sends it. */
@@ -460,39 +500,57 @@ static int agent_connect(void)
 	return fd;
 }
 
-static void flush_outbox(int *fd)
-{
-	pthread_mutex_lock(&lock);
-	while (out_len && *fd >= 0) {
-		ssize_t n = send(*fd, &outbox[out_head], sizeof(struct c4pc_msg),
-				 MSG_DONTWAIT | MSG_NOSIGNAL);
+/* Results taken from the outbox, sent without the lock; kept here while the socket is full. */
+static struct c4pc_msg sending[SEND_BATCH];
+static size_t send_head, send_len;
 
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			break;
-		if (n < 0) {
-			close(*fd);
-			*fd = -1;
-			break;
-		}
-		out_head = (out_head + 1) % OUTBOX_MAX;
-		out_len--;
-	}
+/* The agent went away: its tokens mean nothing to the next one (which numbers its own from 1
+ * again). Pending ports still apply. */
+static void forget_agent(int *fd)
+{
+	close(*fd);
+	*fd = -1;
+	send_len = 0;
+	pthread_mutex_lock(&lock);
+	out_len = 0;
+	for (size_t i = 0; i < QP_BUCKETS; i++)
+		for (struct qp_entry *e = by_qp[i]; e; e = e->next_qp)
+			e->token = 0;
 	pthread_mutex_unlock(&lock);
 }
 
-/* The agent went away: its tokens mean nothing to the next one. Pending ports still apply. */
-static void forget_agent(void)
+/* Send what the socket takes; returns whether results are left for when it has room. */
+static int flush_outbox(int *fd)
 {
-	pthread_mutex_lock(&lock);
-	out_len = 0;
-	for (size_t i = 0; i < nqps; i++)
-		qps[i].token = 0;
-	pthread_mutex_unlock(&lock);
+	while (*fd >= 0) {
+		if (!send_len) {
+			send_head = 0;
+			pthread_mutex_lock(&lock);
+			while (out_len && send_len < SEND_BATCH) {
+				sending[send_len++] = outbox[out_head];
+				out_head = (out_head + 1) % OUTBOX_MAX;
+				out_len--;
+			}
+			pthread_mutex_unlock(&lock);
+			if (!send_len)
+				return 0;
+		}
+		for (; send_len; send_head++, send_len--) {
+			if (send(*fd, &sending[send_head], sizeof(struct c4pc_msg),
+				 MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return 1; /* POLLOUT brings us back */
+			forget_agent(fd);
+			return 0;
+		}
+	}
+	return 0;
 }
 
 static void *agent_thread(void *arg)
 {
-	int fd = -1, backoff = RETRY_MIN_MS;
+	int fd = -1, backoff = RETRY_MIN_MS, blocked = 0;
 
 	(void)arg;
 	for (;;) {
@@ -505,7 +563,7 @@ static void *agent_thread(void *arg)
 					   RETRY_MIN_MS;
 		}
 		p[1].fd = fd;
-		p[1].events = POLLIN;
+		p[1].events = POLLIN | (blocked ? POLLOUT : 0);
 		if (poll(p, 2, fd < 0 ? backoff : -1) < 0 && errno != EINTR)
 			sleep(1);
 		if (p[0].revents & POLLIN && read(wake_fd, &v, sizeof(v)) < 0) {
@@ -523,17 +581,12 @@ static void *agent_thread(void *arg)
 					note("ignoring a malformed message of %zd bytes from the agent",
 					     n);
 			}
-			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-				close(fd);
-				fd = -1;
-				forget_agent();
-			}
+			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+				forget_agent(&fd);
 		} else if (fd >= 0 && p[1].revents & (POLLHUP | POLLERR)) {
-			close(fd);
-			fd = -1;
-			forget_agent();
+			forget_agent(&fd);
 		}
-		flush_outbox(&fd);
+		blocked = flush_outbox(&fd);
 	}
 	return NULL;
 }
@@ -551,8 +604,11 @@ static void atfork_parent(void)
 /* The child has no agent thread and no usable QPs: start clean if it makes its own. */
 static void atfork_child(void)
 {
-	nqps = 0;
+	for (size_t i = 0; i < QP_BUCKETS; i++)
+		while (by_qp[i])
+			table_remove(by_qp[i]);
 	out_len = 0;
+	send_len = 0;
 	thread_started = 0;
 	if (wake_fd >= 0)
 		close(wake_fd);
@@ -599,6 +655,7 @@ SYMVER(c4_create_qp, "ibv_create_qp@@IBVERBS_1.1");
 EXPORT struct ibv_qp *c4_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
 {
 	RESOLVE(target_, "ibv_create_qp", "IBVERBS_1.1")
+	struct qp_entry *e;
 	struct ibv_qp *qp;
 
 	if (!fn_) {
@@ -608,27 +665,17 @@ EXPORT struct ibv_qp *c4_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	qp = ((create_qp_fn)fn_)(pd, init);
 	if (!qp)
 		return NULL;
-	pthread_mutex_lock(&lock);
-	if (nqps == capqps) {
-		size_t cap = capqps ? capqps * 2 : 64;
-		struct qp_entry *n = realloc(qps, cap * sizeof(*n));
-
-		if (!n) {
-			pthread_mutex_unlock(&lock);
-			return qp; /* untracked, but the application's QP is fine */
-		}
-		qps = n;
-		capqps = cap;
-	}
-	struct qp_entry *e = &qps[nqps++];
-
-	memset(e, 0, sizeof(*e));
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return qp; /* untracked, but the application's QP is fine */
 	e->qp = qp;
 	e->qpn = qp->qp_num;
 	e->state = IBV_QPS_RESET;
 	e->type = qp->qp_type;
 	if (qp->context && qp->context->device)
 		snprintf(e->dev, sizeof(e->dev), "%s", qp->context->device->name);
+	pthread_mutex_lock(&lock);
+	table_add(e);
 	start_thread();
 	pthread_mutex_unlock(&lock);
 	return qp;
@@ -641,6 +688,8 @@ EXPORT int c4_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 	struct ibv_qp_attr planned;
 	struct ibv_qp_attr *use = attr;
 	struct qp_entry *e;
+	uint16_t want = 0;
+	uint8_t port = 0;
 	int labelled = 0, rc;
 
 	if (!fn_)
@@ -650,16 +699,19 @@ EXPORT int c4_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 	pthread_mutex_lock(&lock);
 	e = find_qp(qp);
 	if (e && e->pending && attr->qp_state == IBV_QPS_RTR && (mask & IBV_QP_AV) &&
-	    attr->ah_attr.is_global && e->want >= SPORT_BASE &&
-	    gid_is_roce_v2(qp, attr->ah_attr.port_num ? attr->ah_attr.port_num : e->port,
-			   attr->ah_attr.grh.sgid_index) != 0) {
+	    attr->ah_attr.is_global && e->want >= SPORT_BASE) {
+		want = e->want;
+		port = attr->ah_attr.port_num ? attr->ah_attr.port_num : e->port;
+	}
+	pthread_mutex_unlock(&lock);
+	/* sysfs is read outside the lock */
+	if (want && gid_is_roce_v2(qp, port, attr->ah_attr.grh.sgid_index) != 0) {
 		/* The caller's attr is left untouched: the planned label goes in a copy. */
 		planned = *attr;
-		planned.ah_attr.grh.flow_label = sport_to_flow_label(e->want);
+		planned.ah_attr.grh.flow_label = sport_to_flow_label(want);
 		use = &planned;
 		labelled = 1;
 	}
-	pthread_mutex_unlock(&lock);
 
 	rc = ((modify_qp_fn)fn_)(qp, use, mask);
 
@@ -676,6 +728,8 @@ EXPORT int c4_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 			e->sport = flow_label_to_sport(fl ? fl : calc_flow_label(e->qpn, e->rqpn));
 		}
 		e->state = attr->qp_state;
+		/* An assignment that replaced this one meanwhile waits for RTS. */
+		labelled = labelled && e->pending && e->want == want;
 		if (labelled) {
 			e->pending = 0;
 			post_result(e->token, e, e->qpn, 0, e->sport, C4PC_HOW_FLOW_LABEL,
@@ -691,7 +745,7 @@ EXPORT int c4_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 				    "QP went to %s before its planned port took effect",
 				    e->state == IBV_QPS_ERR ? "ERR" : "RESET");
 		}
-	} else if (e && labelled) {
+	} else if (e && labelled && e->pending && e->want == want) {
 		e->pending = 0;
 		post_result(e->token, e, e->qpn, rc, e->sport, 0,
 			    "ibv_modify_qp INIT->RTR with the planned flow label failed: %s",
@@ -724,7 +778,7 @@ EXPORT int c4_destroy_qp(struct ibv_qp *qp)
 		if (e->pending)
 			post_result(e->token, e, e->qpn, ECANCELED, 0, 0,
 				    "QP destroyed before its planned port took effect");
-		*e = qps[--nqps];
+		table_remove(e);
 	} else if (e) {
 		e->dying = 0;
 	}

@@ -5,6 +5,7 @@ reaches ibv_modify_qp and every mlx5dv_modify_qp_udp_sport call, so each test ch
 "NIC" was told, on which QP, and what plan_result said about it."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -267,3 +268,140 @@ def test_library_refuses_garbage_and_agent_refuses_forged_results(built: None, a
         while agent.malformed < 2:
             assert time.monotonic() < deadline
             time.sleep(0.01)
+
+
+class FakeAgent:
+    """The agent's end of the socket under the test's control (when to read, when to hang up),
+    speaking the real message format (c4.agent.pathctl)."""
+
+    def __init__(self, path: Path) -> None:
+        import socket as so
+
+        self.listener = so.socket(so.AF_UNIX, so.SOCK_SEQPACKET)
+        self.listener.bind(str(path))
+        self.listener.listen(4)
+        self.listener.settimeout(10)
+        self.path = path
+
+    def accept(self) -> Any:
+        conn, _ = self.listener.accept()
+        return conn
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def results_on(conn: Any, want: int, timeout: float) -> list[Any]:
+    """Up to `want` result messages read from `conn` within `timeout` seconds."""
+    from c4.agent.pathctl import MSG, decode_result
+
+    out = []
+    conn.settimeout(0.05)
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        try:
+            data = conn.recv(MSG.size + 1)
+        except TimeoutError:
+            continue
+        if not data:
+            break
+        r = decode_result(data)
+        assert r is not None
+        out.append(r)
+    return out
+
+
+def fake_app(tmp_path: Path, sock: Path) -> harness.Driver:
+    env = dict(os.environ, C4_PATHCTL_IBVERBS=TESTLIB, C4_PATHCTL_MLX5=TESTLIB,
+               C4_PATHCTL_SOCKET=str(sock), C4TEST_VERBS_LOG=str(tmp_path / "log.jsonl"),
+               LD_PRELOAD=str(PATHCTL / "build" / "libc4-pathctl.so"))
+    return harness.Driver(env=env)
+
+
+def test_results_the_socket_could_not_take_are_sent_when_it_drains(built: None,
+                                                                   tmp_path: Path) -> None:
+    """An agent that reads late fills the library's socket buffer: the results queued behind it
+    go out as soon as there is room again, not at some later wake."""
+    from c4.agent.pathctl import encode_assign
+
+    agent = FakeAgent(tmp_path / "pc.sock")
+    d = fake_app(tmp_path, agent.path)
+    try:
+        d.ok("open 1")
+        d.ok("create 0x100 RC")  # starts the library's agent thread
+        conn = agent.accept()
+        n = 600  # several socket buffers' worth, under the library's 1,024-result outbox
+        for token in range(1, n + 1):
+            conn.send(encode_assign(token, 0x5000 + token, 50000, ROCE_V2_DEV))
+        time.sleep(0.5)  # the library answers each (ENOENT) into a full socket
+        got = results_on(conn, n, timeout=5)
+        assert sorted(r.token for r in got) == list(range(1, n + 1))
+        conn.close()
+    finally:
+        d.close()
+        agent.close()
+
+
+def test_send_error_forgets_the_agent_and_its_tokens(built: None, tmp_path: Path) -> None:
+    """A send that fails (the agent stopped reading: EPIPE) ends that connection like a hang-up
+    does: the next agent never receives results for tokens the previous one issued (its own
+    tokens start at 1 again), while the planned port still takes effect."""
+    import socket as so
+
+    from c4.agent.pathctl import encode_assign
+
+    agent = FakeAgent(tmp_path / "pc.sock")
+    d = fake_app(tmp_path, agent.path)
+    try:
+        d.ok("open 1")
+        d.ok("create 0x100 RC")
+        conn = agent.accept()
+        d.ok("modify 0x100 INIT")
+        conn.send(encode_assign(7, 0x100, 4000, ROCE_V2_DEV))  # pending until RTS
+        conn.shutdown(so.SHUT_RD)  # no POLLHUP for the library; its next send fails
+        conn.send(encode_assign(8, 0x999, 4001, ROCE_V2_DEV))  # ENOENT, sent into EPIPE
+        conn2 = agent.accept()  # the library reconnects
+        d.ok("modify 0x100 RTR 0x200 0 10.0.0.2")
+        d.ok("modify 0x100 RTS")
+        assert results_on(conn2, 1, timeout=1) == []
+        calls = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+        assert {"call": "udp_sport", "qpn": 0x100, "sport": 4000, "rc": 0} in calls
+        conn.close()
+        conn2.close()
+    finally:
+        d.close()
+        agent.close()
+
+
+def test_qp_table_finds_each_qp_among_colliding_ones(built: None, tmp_path: Path) -> None:
+    """QP numbers that share one hash bucket (bucket() in pathctl.c), some destroyed: each
+    assignment reaches exactly the QP it names, and only on the device it names."""
+    from c4.agent.pathctl import encode_assign
+
+    colliding = [0x100, 0x1B6D, 0x2BC2, 0x35DA, 0x462F, 0x5684]
+    gone = (0x1B6D, 0x35DA)
+    agent = FakeAgent(tmp_path / "pc.sock")
+    d = fake_app(tmp_path, agent.path)
+    try:
+        d.ok("open 1")
+        for q in colliding:
+            d.ok(f"create {q:#x} RC")
+            if q == colliding[0]:
+                conn = agent.accept()
+            d.ok(f"modify {q:#x} INIT")
+            d.ok(f"modify {q:#x} RTR 0x9000 0 10.0.0.2")
+            d.ok(f"modify {q:#x} RTS")
+        for q in gone:
+            d.ok(f"destroy {q:#x}")
+        want = {}
+        for token, q in enumerate(colliding, 1):
+            conn.send(encode_assign(token, q, 1000 + token, ROCE_V2_DEV))
+            want[token] = (errno.ENOENT, 0) if q in gone else (0, 1000 + token)
+        conn.send(encode_assign(99, 0x100, 1099, ROCE_V1_DEV))  # not on that device
+        want[99] = (errno.ENOENT, 0)
+        got = {r.token: (r.err, r.sport) for r in results_on(conn, len(want), timeout=5)}
+        assert got == want
+        conn.close()
+    finally:
+        d.close()
+        agent.close()
