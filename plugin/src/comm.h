@@ -146,6 +146,7 @@ struct c4_comm {
   uint64_t entry_wait_prev, entry_ops_prev;
   uint64_t msg_seq, last_emit_ns, stall_mark;
   int checked; /* for another live communicator with the same (hash, rank) */
+  void **slot;  /* where init put this context: a stale pointer elsewhere may equal a reused one */
   struct c4_comm *next;
 };
 

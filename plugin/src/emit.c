@@ -532,12 +532,13 @@ int c4_emitter_add(struct c4_comm *c, const struct c4_config *cfg, char *err, si
   return rc;
 }
 
-struct c4_comm *c4_emitter_find(void *context) {
+struct c4_comm *c4_emitter_find(void *context, void **slot) {
   struct c4_comm *found = NULL;
   if (context == NULL) return NULL;
   pthread_mutex_lock(&G.reg);
   for (struct c4_comm *c = G.comms; c != NULL && found == NULL; c = c->next)
-    if (c == context && LD(c->state) == C4_COMM_LIVE) found = c;
+    if (c == context && LD(c->state) == C4_COMM_LIVE && (slot == NULL || c->slot == slot))
+      found = c;
   pthread_mutex_unlock(&G.reg);
   return found;
 }

@@ -18,8 +18,9 @@ struct c4_config {
  * Returns 0, or -1 with a reason in err (also when the process already profiles the same
  * (communicator, rank)). */
 int c4_emitter_add(struct c4_comm *c, const struct c4_config *cfg, char *err, size_t errlen);
-/* `context` if it is a registered live communicator, else NULL (compares pointers only). */
-struct c4_comm *c4_emitter_find(void *context);
+/* `context` if it is a registered live communicator, else NULL. With `slot`, only if init put
+ * it there: freed memory is reused, so an address alone may name a newer communicator. */
+struct c4_comm *c4_emitter_find(void *context, void **slot);
 /* Finalizes: events are ignored from now on, the thread sends the final summary (without
  * waiting for the agent) and frees the state later. Waits for that hand-off only, at most
  * CLOSE_WAIT_NS (emit.c), never for the agent. */

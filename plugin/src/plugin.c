@@ -77,7 +77,7 @@ static c4_nccl_result_t c4_init(void **context, int *mask, uint64_t hash, int nn
   pthread_once(&config_once, load_config);
   if (config_warning[0] != '\0' && !atomic_exchange(&config_warned, 1))
     LOG(log, C4_LOG_WARN, "c4 profiler: %s", config_warning);
-  struct c4_comm *c = NULL, *old = c4_emitter_find(prev);
+  struct c4_comm *c = NULL, *old = c4_emitter_find(prev, context);
   if (old != NULL && (version == 3 || (atomic_load(&old->hash) == hash &&
                                        atomic_load(&old->rank) == rank))) {
     *context = old; /* the same communicator initialised again: keep its state */
@@ -88,9 +88,12 @@ static c4_nccl_result_t c4_init(void **context, int *mask, uint64_t hash, int nn
     else if ((c = c4_comm_new(hash, nnodes, version > 3 ? nranks : 1, version > 3 ? rank : 0,
                               version, log)) == NULL)
       snprintf(err, sizeof err, "out of memory");
-    else if (c4_emitter_add(c, &config, err, sizeof err) != 0) {
-      c4_comm_free(c);
-      c = NULL;
+    else {
+      c->slot = context;
+      if (c4_emitter_add(c, &config, err, sizeof err) != 0) {
+        c4_comm_free(c);
+        c = NULL;
+      }
     }
     *context = c;
   }
@@ -230,7 +233,7 @@ static c4_nccl_result_t record(void *handle, c4_nccl_state_t state, c4_nccl_stat
 /* Never waits for the agent: the background thread sends the final summary and frees the
  * state later (c4_emitter_remove). */
 static c4_nccl_result_t finalize(void *context) {
-  struct c4_comm *c = c4_emitter_find(context);
+  struct c4_comm *c = c4_emitter_find(context, NULL); /* NCCL finalizes what it was given */
   if (c != NULL) c4_emitter_remove(c);
   return C4_NCCL_SUCCESS;
 }

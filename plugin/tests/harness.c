@@ -1472,7 +1472,23 @@ static void scenario_init_twice(void) {
   wait_finals(h3, 0, 1);      /* the first one was finalized, not leaked */
   nccl_finalize(z);
   wait_finals(h4, 1, 1);
-  printf("init-twice: re-init keeps one state, a duplicate (comm, rank) is refused\n");
+
+  /* A slot holding another slot's live context (a finalized communicator's address, freed and
+   * reused by a new one): that communicator is not this slot's to replace. */
+  uint64_t h5 = h1 + 4, h6 = h1 + 5;
+  void *w = NULL;
+  nccl_init(&w, h5, 1, 2, 0);
+  void *stale = w;
+  nccl_init(&stale, h6, 1, 2, 1);
+  CHECK(stale != NULL && stale != w, "init into a slot holding another's context: %p", stale);
+  sleep_ns(3 * INTERVAL_MS * MS);
+  CHECK(aggregate(h5, 0)->final_seen == 0, "an init into another slot finalized h5");
+  nccl_finalize(stale);
+  nccl_finalize(w);
+  wait_finals(h5, 0, 1);
+  wait_finals(h6, 1, 1);
+  printf("init-twice: re-init keeps one state, a duplicate (comm, rank) is refused, another "
+         "slot's context is left alone\n");
 }
 
 /* Events after finalize, on a communicator's context and on handles it gave out. */
