@@ -85,6 +85,12 @@ class Ingest:
     def handle(self, data: bytes, now: float, identity: str | None = None) -> Outcome:
         """`identity`: the host the connection's CURVE key is enrolled for ("" if the key was
         revoked since it connected); None where there is no key (replay, `insecure = true`)."""
+        return self.admit(self.prepare(data, identity), data, now)
+
+    def prepare(self, data: bytes, identity: str | None = None) -> Frame | Exception:
+        """Decode and check one frame: the Frame, or the Rejected (or a decoder bug) that
+        `admit` counts. Reads no state that ingest changes, so the server runs it outside
+        its lock, in arrival order, and admits the results in the same order."""
         try:
             frame = self.decode(data)
             if identity is not None and frame.host != identity:
@@ -93,12 +99,18 @@ class Ingest:
                                "connection's key " + (f"is enrolled for {identity!r}" if identity
                                                       else "is no longer enrolled"),
                                frame.to_dict())
-        except Rejected as exc:
-            return self.reject(exc, now)
-        except Exception as exc:  # a decoder bug must cost this frame only
-            self.internal_error("decode", exc, now)
-            return self.reject(Rejected("internal", f"cannot decode: {type(exc).__name__}"), now)
-        return self.accept(frame, data, now)
+            return frame
+        except Exception as exc:  # Rejected, or a decoder bug: it must cost this frame only
+            return exc
+
+    def admit(self, prepared: Frame | Exception, data: bytes, now: float) -> Outcome:
+        """Accept what `prepare` returned for `data`, or count and answer its reject."""
+        if isinstance(prepared, Frame):
+            return self.accept(prepared, data, now)
+        if not isinstance(prepared, Rejected):
+            self.internal_error("decode", prepared, now)
+            prepared = Rejected("internal", f"cannot decode: {type(prepared).__name__}")
+        return self.reject(prepared, now)
 
     def decode(self, data: bytes) -> Frame:
         """Decode and validate an agent's frame, or raise Rejected."""

@@ -1,8 +1,9 @@
 """`c4 aggregator run`: the ZeroMQ ROUTER ingest loop, the API thread, periodic ticks.
 
 Threads and the one lock (every other module refers here):
-- the main thread reads the ROUTER socket, applies frames (ingest, state, diagnosis) and runs
-  the diagnosis tick, each under `Server.lock`;
+- the main thread reads the ROUTER socket and decodes and validates frames without the lock,
+  then applies them (ingest, state, diagnosis) in arrival order and runs the diagnosis tick,
+  each under `Server.lock`;
 - the HTTP API's threads read state and SQLite under the same lock, so a reader never sees a
   frame half applied;
 - the actions worker (actions.py) runs commands and webhooks on its own thread with its own
@@ -184,47 +185,60 @@ class Server:
             self._send(peer, frame)
 
     def _drain(self) -> None:
-        """Handle the frames waiting, up to DRAIN_FRAMES / DRAIN_BYTES, then ack each host
-        once; the loop comes back for the rest after the lock was free for the API and ticks."""
+        """Read and decode the frames waiting, up to DRAIN_FRAMES / DRAIN_BYTES, without the
+        lock; then, under it, admit them in arrival order in one transaction and ack each host
+        once after the commit. The loop comes back for the rest after the lock was free for
+        the API and ticks."""
         ingest = self.core.ingest
         if self.enrolled is not None:
             self.enrolled.refresh()  # one stat(): revocations apply from this batch on
+        received = self._receive()
+        if not received:
+            return
         with self.lock, ingest.batch():  # one transaction per drain; acks after its commit
-            budget = DRAIN_BYTES
-            for _ in range(DRAIN_FRAMES):
-                if budget <= 0:
-                    break
-                try:
-                    parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                budget -= sum(len(p) for p in parts)
-                if len(parts) != 2:
+            for peer, data, prepared in received:
+                if prepared is None:
                     # DEALER sends exactly one frame: anything else is not a c4 agent.
                     ingest.rejected["malformed"] += 1
                     continue
                 try:
-                    self._handle(parts)
+                    out = ingest.admit(prepared, data, self.clock())
+                    if out.frame is not None:
+                        self.routes[out.frame.host] = peer
+                    for reply in out.replies:
+                        self._send(peer, reply)
                 except Exception as exc:  # the last guard: one frame, never the process
                     ingest.internal_error("ingest", exc, self.clock())
             acks = ingest.take_acks(self.clock())
         for host, ack in acks:
-            peer = self.routes.get(host)
-            if peer is not None:
-                self._send(peer, ack)
+            route = self.routes.get(host)
+            if route is not None:
+                self._send(route, ack)
 
-    def _handle(self, parts: list[zmq.Frame]) -> None:
-        peer, data = parts[0].bytes, parts[1].bytes
-        identity = None
-        if self.enrolled is not None:
-            # ZAP's User-Id is the connection's key; its host is looked up now.
-            key = parts[1].get("User-Id").encode()
-            identity = self.enrolled.host_for(key) or ""
-        out = self.core.ingest.handle(data, self.clock(), identity=identity)
-        if out.frame is not None:
-            self.routes[out.frame.host] = peer
-        for reply in out.replies:
-            self._send(peer, reply)
+    def _receive(self) -> list[tuple[bytes, bytes, wire.Frame | Exception | None]]:
+        """(peer, frame bytes, what Ingest.prepare made of them; None: not one frame) for the
+        frames waiting, in arrival order. Decoding touches no state the lock guards."""
+        out: list[tuple[bytes, bytes, wire.Frame | Exception | None]] = []
+        budget = DRAIN_BYTES
+        for _ in range(DRAIN_FRAMES):
+            if budget <= 0:
+                break
+            try:
+                parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            budget -= sum(len(p) for p in parts)
+            peer = parts[0].bytes
+            if len(parts) != 2:
+                out.append((peer, b"", None))
+                continue
+            data = parts[1].bytes
+            identity = None
+            if self.enrolled is not None:
+                # ZAP's User-Id is the connection's key; its host is looked up now.
+                identity = self.enrolled.host_for(str(parts[1].get("User-Id")).encode()) or ""
+            out.append((peer, data, self.core.ingest.prepare(data, identity)))
+        return out
 
     def _guarded(self, where: str, step: Callable[..., Any], *args: Any) -> Any:
         """Run a periodic step; a failure is counted and logged, and the loop goes on."""
