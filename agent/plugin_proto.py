@@ -185,13 +185,15 @@ def _summary(h: Header, body: memoryview) -> Summary:
         _durations(time_ns)
         colls.append(Coll(_func(func), _name(algo), _name(proto), count, nbytes, time_ns))
     off += ncolls * COLL.size
-    peers = []
-    for peer, channel, d, nbytes, steps, net, peer_wait, gpu in PEER.iter_unpack(body[off:]):
+    rows = list(PEER.iter_unpack(body[off:]))
+    if rows:  # each field checked by its largest value: a summary can list 8,192 peers
+        peer, channel, d, _, _, net, peer_wait, gpu = map(max, zip(*rows))
         _connection(h, peer, channel, d)
         _durations(net, peer_wait, gpu)
-        peers.append(Peer(peer, channel, DIRS[d], nbytes, steps, net, peer_wait, gpu))
+    peers = tuple([Peer(peer, channel, DIRS[d], nbytes, steps, net, peer_wait, gpu)
+                   for peer, channel, d, nbytes, steps, net, peer_wait, gpu in rows])
     return Summary(h, started, completed, dropped, span, entry_wait, entry_ops, inflight,
-                   tuple(colls), tuple(peers))
+                   tuple(colls), peers)
 
 
 def _stalled(h: Header, body: memoryview) -> Stalled:
@@ -199,13 +201,14 @@ def _stalled(h: Header, body: memoryview) -> Stalled:
     seq, completed, age, op_age, func, nwaiting = STALLED_BLOCK.unpack_from(body)
     _exactly(body, STALLED_BLOCK.size + nwaiting * WAITING.size)
     _durations(age, op_age)
-    waiting = []
-    for peer, channel, d, state, idle in WAITING.iter_unpack(body[STALLED_BLOCK.size:]):
+    rows = list(WAITING.iter_unpack(body[STALLED_BLOCK.size:]))
+    if rows:  # as for a summary's peers: each field checked by its largest value
+        peer, channel, d, _, idle = map(max, zip(*rows))
         _connection(h, peer, channel, d)
         _durations(idle)
-        waiting.append(Waiting(peer, channel, DIRS[d], STATE_NAMES.get(state, f"State{state}"),
-                               idle))
-    return Stalled(h, seq, completed, age, op_age, _func(func), tuple(waiting))
+    waiting = tuple([Waiting(peer, channel, DIRS[d], STATE_NAMES.get(state, f"State{state}"),
+                             idle) for peer, channel, d, state, idle in rows])
+    return Stalled(h, seq, completed, age, op_age, _func(func), waiting)
 
 
 def _require(ok: bool, detail: str) -> None:

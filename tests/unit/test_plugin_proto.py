@@ -114,6 +114,14 @@ CASES = [
     ("channel", "summary", lambda d: _mutate(d, "<H", H + 96 + 72 + 4, 4096), "field"),
     ("waiting count", "stalled", lambda d: _mutate(d, "<I", H + 48, 2), "length"),
     ("waiting peer", "stalled", lambda d: _mutate(d, "<I", H + 56, 99), "field"),
+    ("waiting idle", "stalled", lambda d: _mutate(d, "<Q", H + 56 + 8, 10**17), "field"),
+    # rows are checked all at once (by each field's largest value): the last of 1,275 counts too
+    ("last peer >= nranks", "multipart_0", lambda d: _mutate(d, "<I", len(d) - 48, 2**32 - 1),
+     "field"),
+    ("last peer channel", "multipart_0", lambda d: _mutate(d, "<H", len(d) - 44, 1024), "field"),
+    ("last peer direction", "multipart_0", lambda d: _mutate(d, "<B", len(d) - 42, 2), "field"),
+    ("last peer gpu wait", "multipart_0", lambda d: _mutate(d, "<Q", len(d) - 8, 10**16),
+     "field"),
 ]
 
 
