@@ -164,19 +164,33 @@ class Sender:
             q: deque[_Pending] = deque()
             for seq, data in frames:
                 try:
-                    f = wire.decode(data, self.max_frame)
-                    data = wire.encode(Frame(f.kind, f.host, f.boot, f.seq, f.ts, f.body,
-                                             f.version, frames[0][0]), validate=False)
+                    kind, data = self._with_floor(data, frames[0][0])
                 except (wire.Rejected, ValueError, OverflowError) as exc:
                     self.log.warning("spooled frame %s/%d unreadable, dropped: %s", boot, seq,
                                      exc)
                     continue
-                q.append(_Pending(seq, f.kind, data))
+                q.append(_Pending(seq, kind, data))
                 self._bytes += len(data)
             if q:
                 self._queues[boot] = q
                 self.log.info("resending %d frames of an earlier run (boot %s) from the spool",
                               len(q), boot)
+
+    def _with_floor(self, data: bytes, floor: int) -> tuple[str, bytes]:
+        f = wire.decode(data, self.max_frame)
+        return f.kind, wire.encode(Frame(f.kind, f.host, f.boot, f.seq, f.ts, f.body, f.version,
+                                         floor), validate=False)
+
+    def _refloor(self, boot: str, q: deque[_Pending]) -> None:
+        """An earlier run's oldest held frame went: its new oldest carries the new floor, sent
+        now (that run sends no new frames to carry it, and the aggregator acks no further than
+        a seq it waits for)."""
+        if boot == self.boot or not q:
+            return
+        head = q[0]
+        _, data = self._with_floor(head.data, head.seq)
+        self._bytes += len(data) - len(head.data)
+        head.data, head.sent_at = data, None
 
     def _drop_oldest(self) -> None:
         """The byte or frame budget is full: the oldest frame goes, counted (lost)."""
@@ -185,6 +199,7 @@ class Sender:
         self._bytes -= len(p.data)
         self.stats.dropped_queue_full += 1
         self._settled(boot, q, p.seq)
+        self._refloor(boot, q)
 
     def _settled(self, boot: str, q: deque[_Pending], seq: int) -> None:
         if self.spool is not None:
@@ -295,13 +310,15 @@ class Sender:
         """A rejected frame will be rejected again: resending it would hold the queue's floor
         (and the aggregator's ack) forever. Drop it; the aggregator counts it as lost."""
         q = self._queues.get(boot, deque())
-        for p in q:
+        for i, p in enumerate(q):
             if p.seq == seq:
                 q.remove(p)
                 self._bytes -= len(p.data)
                 self.stats.dropped_invalid += 1
                 if self.spool is not None:  # settled: a restart must not resend it
                     self._spool("forget", boot, p.seq)
+                if i == 0:
+                    self._refloor(boot, q)
                 return
 
     def _on_ack(self, body: dict[str, Any]) -> None:

@@ -82,6 +82,41 @@ def test_the_byte_budget_drops_oldest_and_the_floor_settles_them(tmp_path: Path)
         ctx.term()
 
 
+def test_resumed_frames_the_budget_drops_are_settled_by_the_floor(tmp_path: Path) -> None:
+    """The byte budget of a restarted agent drops the oldest of an earlier run's frames: what
+    it still resends of that run carries a floor above them, so the aggregator counts them lost
+    and acks the rest (with the floor read from the spool, the ack never got past the gap)."""
+    ctx = zmq.Context()
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    spool = tmp_path / "spool"
+    router = None
+    opened: list[Sender] = []
+    try:
+        first = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
+        opened.append(first)
+        for _ in range(10):
+            first.send("report", _report())
+        first.close()
+        frame_bytes = (spool / f"{first.boot}.spool").stat().st_size // 10
+        second = Sender(ep, "h1", ctx=ctx, spool_dir=spool, queue_bytes=8 * frame_bytes)
+        opened.append(second)
+        for _ in range(3):
+            second.send("report", _report())  # still away: the oldest resumed frames go
+        dropped = second.stats.dropped_queue_full
+        assert 0 < dropped < 10
+        router = Router(ctx, ep)
+        _pump(router, second)
+        assert second.unacked == 0
+        seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
+        assert seqs.contiguous == 10 and seqs.lost == dropped
+    finally:
+        for s in opened:
+            s.close()
+        if router is not None:
+            router.sock.close(0)
+        ctx.term()
+
+
 def test_a_torn_last_record_ends_the_replay(tmp_path: Path) -> None:
     log = logging.getLogger("test")
     sp = Spool(tmp_path, "old", log)
