@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -26,40 +26,70 @@ RESULTS = {"ok": "ok", "dry-run": "dry_run", "failed": "failed", "timeout": "fai
 
 
 class ClusterMetrics:
-    """prometheus_client custom collector, computed at scrape time under the aggregator lock."""
+    """prometheus_client custom collector, computed at scrape time. Hosts and open incidents
+    are read under the aggregator lock; incidents and actions are counted (a scan of both
+    tables) on a connection of its own, off the lock: in WAL mode the scan waits for no
+    writer and no writer waits for it. A :memory: database has no second connection: there
+    the counting runs on `db` under the lock."""
 
-    def __init__(self, lock: threading.Lock, hosts: Callable[[], list[Any]], db: sqlite3.Connection,
-                 diagnosis: Any, clock: Callable[[], float], *, host_counters: bool = False,
+    def __init__(self, lock: threading.Lock, hosts: Callable[[], Iterable[Any]],
+                 db: sqlite3.Connection, diagnosis: Any, clock: Callable[[], float], *,
+                 db_path: str = ":memory:", host_counters: bool = False,
                  alerts: Any = None) -> None:
         self.lock = lock
         self.hosts = hosts
         self.db = db
+        self.db_path = db_path
         self.diagnosis = diagnosis
         self.clock = clock
         self.host_counters = host_counters
         self.alerts = alerts
+        self._own: sqlite3.Connection | None = None
+        self._own_lock = threading.Lock()  # scrapes come on several HTTP threads
 
     def collect(self) -> Iterator[Metric]:
+        counts = None if self.db_path == ":memory:" else self._counts_own()
         with self.lock:
             now = self.clock()
             hosts = list(self.hosts())
             open_incidents = (self.diagnosis.incidents("open") + self.diagnosis.incidents("mitigated")
                               if self.diagnosis is not None else [])
-            incidents = self._count("SELECT class, state, COUNT(*) FROM incidents GROUP BY 1, 2")
-            actions = self._count("SELECT action, outcome, COUNT(*) FROM actions GROUP BY 1, 2")
+            if counts is None:
+                counts = _counts(self.db)
             alerts = self.alerts.stats() if self.alerts is not None else {}
         yield from _host_metrics(hosts, now)
-        yield from _incident_metrics(incidents, open_incidents)
-        yield from _action_metrics(actions)
+        yield from _incident_metrics(counts[0], open_incidents)
+        yield from _action_metrics(counts[1])
         yield from _alert_metrics(alerts)
         if self.host_counters:
             yield from _rdma_metrics([h for h in hosts if h.status == "up"])
 
-    def _count(self, sql: str) -> list[tuple[str, str, int]]:
+    def _counts_own(self) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+        with self._own_lock:
+            if self._own is None:
+                self._own = sqlite3.connect(self.db_path, isolation_level=None,
+                                            check_same_thread=False)
+                self._own.execute("PRAGMA query_only=1")
+            return _counts(self._own)
+
+    def close(self) -> None:
+        with self._own_lock:
+            if self._own is not None:
+                self._own.close()
+                self._own = None
+
+
+def _counts(db: sqlite3.Connection) -> tuple[list[tuple[str, str, int]],
+                                             list[tuple[str, str, int]]]:
+    """(class, state, n) of incidents and (action, outcome, n) of actions."""
+    out = []
+    for sql in ("SELECT class, state, COUNT(*) FROM incidents GROUP BY 1, 2",
+                "SELECT action, outcome, COUNT(*) FROM actions GROUP BY 1, 2"):
         try:
-            return list(self.db.execute(sql))
+            out.append(list(db.execute(sql)))
         except sqlite3.OperationalError:  # table not created yet (no diagnosis / no actions)
-            return []
+            out.append([])
+    return out[0], out[1]
 
 
 def _host_metrics(hosts: list[Any], now: float) -> Iterator[Metric]:

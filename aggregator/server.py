@@ -116,10 +116,11 @@ class Server:
             acfg.external_url = f"http://{cfg.api}"
         self.alerts = Alerts(acfg, logging.getLogger("c4.aggregator.alerts"), clock)
         self.api.alerts = self.alerts
-        self.api.metrics.register(ClusterMetrics(
+        self.cluster_metrics = ClusterMetrics(
             self.lock, lambda: self.core.registry.hosts.values(), self.core.store.conn,
-            self.core.diagnosis, clock, host_counters=cfg.metrics_host_counters,
-            alerts=self.alerts))
+            self.core.diagnosis, clock, db_path=str(cfg.db),
+            host_counters=cfg.metrics_host_counters, alerts=self.alerts)
+        self.api.metrics.register(self.cluster_metrics)
         self.notify = Notifier()
         self.stop_event = threading.Event()
         self.zctx = zmq.Context()
@@ -295,6 +296,7 @@ class Server:
         self.zctx.term()
         if self.checkpointer is not None:
             self.checkpointer.close()
+        self.cluster_metrics.close()
         log.info("aggregator stopped")
 
 
