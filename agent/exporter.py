@@ -1,7 +1,9 @@
 """The agent as a per-host Prometheus exporter (the node_exporter / DCGM-exporter convention).
 
-Scrapes read what the agent's loop last collected; nothing is read from the host at scrape
-time, so a scrape costs microseconds and never races a collector. Families (docs/operations.md):
+Scrapes read what the agent's loop last collected, so they never race a collector; the one
+thing read at scrape time is the agent's own eBPF program counters (bpf_stats.own_programs:
+/proc/self/fd listed, one bpf(2) call per program fd), which are the kernel's and fresher than
+any copy. Families (docs/operations.md):
 - node_exporter's infiniband collector, same names and labels (`device`, `port`), from the
   `rdma` collector: port counters and hw_counters, state/physical state/rate, device info;
 - `c4_agent_collector_duration_seconds` / `c4_agent_collector_success` per collector (the
