@@ -11,7 +11,9 @@ and answers one `plan_result` with what took effect and why the rest did not:
   without blocking and collects results on its own thread until the plan's deadline.
 - `tcp`: into the planned-ports file that the connect() interposer (libc4-connect.so) reads at
   each connect(); the port takes effect when the application (re)connects. The agent reports
-  applied when /proc/net/tcp shows the connection on its planned port by the deadline.
+  applied when /proc/net/tcp shows the connection on its planned port by the deadline. The
+  socket thread reads it, at most every TCP_RECHECK_S while such a plan is in flight: the file
+  lists every connection in the namespace, too much to parse on the agent's loop.
 
 Nothing read from the socket is trusted: a message of the wrong size, magic or type, or with a
 token this connection was not given, is dropped and counted.
@@ -43,6 +45,7 @@ HOW = {1: "flow label at INIT->RTR", 2: "mlx5dv_modify_qp_udp_sport"}
 MSG = struct.Struct("=IHHQIIHHi64s96s")
 assert MSG.size == 192
 MAX_SHIMS = 4096
+TCP_RECHECK_S = 0.25
 
 
 def errname(err: int) -> str:
@@ -103,6 +106,9 @@ class _Job:
     def done(self) -> bool:
         return all(w.applied is not None or w.failed is not None or (not w.tokens and w.tcp is None)
                    for w in self.waits.values())
+
+    def tcp_waits(self) -> list[_Wait]:
+        return [w for w in self.waits.values() if w.tcp is not None and w.applied is None]
 
     def body(self) -> dict[str, Any]:
         applied, failed = [], []
@@ -218,6 +224,11 @@ class PathControl:
                         w.tcp = None
         with self._lock:
             self._jobs.append(job)
+        if job.tcp_waits() and self._thread is not None:
+            try:
+                os.write(self._wake_w, b"t")  # the socket thread checks TCP from now on
+            except BlockingIOError:  # a wake-up is pending already
+                pass
 
     def _send_roce(self, job: _Job, w: _Wait, a: dict[str, Any]) -> None:
         pid = a.get("pid")
@@ -245,14 +256,13 @@ class PathControl:
             return bool(self._jobs)
 
     def results(self) -> list[dict[str, Any]]:
-        """plan_result bodies of the plans that are complete or past their deadline."""
+        """plan_result bodies of the plans that are complete or past their deadline (a TCP
+        assignment past it once the socket thread has had its last look)."""
         now = self.clock()
         out = []
         with self._lock:
             for job in list(self._jobs):
-                late = now >= job.deadline
-                self._check_tcp(job, final=late)
-                if not (late or job.done()):
+                if not (job.done() or (now >= job.deadline and not job.tcp_waits())):
                     continue
                 self._jobs.remove(job)
                 for w in job.waits.values():
@@ -265,12 +275,22 @@ class PathControl:
                 out.append(job.body())
         return out
 
-    def _check_tcp(self, job: _Job, *, final: bool) -> None:
-        waits = [w for w in job.waits.values() if w.tcp is not None and w.applied is None]
-        if not waits:
-            return
+    def _check_tcp(self) -> bool:
+        """On the socket thread: one read of the connection table for every plan waiting on
+        TCP, final for those past their deadline. Returns whether any still wait."""
+        with self._lock:
+            if not any(job.tcp_waits() for job in self._jobs):
+                return False
         conns = established(self.proc_root)
-        for w in waits:
+        now = self.clock()
+        with self._lock:
+            for job in self._jobs:
+                self._match_tcp(job, conns, final=now >= job.deadline)
+            return any(job.tcp_waits() for job in self._jobs)
+
+    @staticmethod
+    def _match_tcp(job: _Job, conns: list[tuple[int, str, int]], *, final: bool) -> None:
+        for w in job.tcp_waits():
             assert w.tcp is not None
             dst, dport = w.tcp
             live = [lport for lport, raddr, rport in conns if raddr == dst and rport == dport]
@@ -289,14 +309,20 @@ class PathControl:
         poller = select.poll()
         poller.register(self._listener, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        tcp_waiting, next_tcp = False, 0.0
         while not self._stop:
-            for fd, ev in poller.poll(1000):
+            timeout = max(0.0, next_tcp - self.clock()) if tcp_waiting else 1.0
+            for fd, ev in poller.poll(timeout * 1000):
                 if fd == self._wake_r:
-                    continue
-                if fd == self._listener.fileno():
+                    os.read(self._wake_r, 4096)
+                    tcp_waiting = True  # a new TCP plan: check it now
+                elif fd == self._listener.fileno():
                     self._accept(poller)
                 else:
                     self._read(fd, ev, poller)
+            if tcp_waiting and self.clock() >= next_tcp:
+                tcp_waiting = self._check_tcp()
+                next_tcp = self.clock() + TCP_RECHECK_S
 
     def _accept(self, poller: select.poll) -> None:
         assert self._listener is not None

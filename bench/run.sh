@@ -39,6 +39,7 @@ BENCHES=(
     "agent_cpu|bench/agent_cpu.py|yes|--connections 1000 --seconds 5|tcp_flows collector CPU, RSS"
     "tcp_flows_overhead|bench/tcp_flows_overhead.py|yes|--round-trips 5000 --runs 3|eBPF ns/event"
     "verbs_qp_overhead|bench/verbs_qp_overhead.py|yes|--calls 20000 --qps 500|uprobe ns/modify_qp"
+    "pathctl_tcp_check|bench/pathctl_tcp_check.py|no|--connections 1000|agent cost of a TCP plan in flight"
     "lab|bench/lab|yes|--quick|netns lab: build/teardown, step time, bus bw, time to name each fault"
 )
 

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -15,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from c4.agent.pathctl import PathControl
-from c4.agent.tcp_ports import PortsFile, planned_ports
+from c4.agent.tcp_ports import PortsFile, established, planned_ports
 from tests.verbs import harness
 
 PATHCTL = Path(__file__).resolve().parents[2] / "plugin" / "pathctl"
@@ -135,4 +136,34 @@ def test_plan_result_reports_whether_the_connection_moved(built: None, listener:
     finally:
         if c is not None:
             c.close()
+        pc.close()
+
+
+def test_tcp_plans_are_checked_off_the_loop_thread_and_rate_limited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc/net/tcp lists every connection in the namespace: the agent's loop, which asks for
+    results every 20 ms while a plan is in flight, never reads it; the socket thread reads it
+    at most every TCP_RECHECK_S until the plan's deadline."""
+    from c4.agent import pathctl
+
+    reads: list[str] = []
+
+    def counted(proc_root: Path) -> list[tuple[int, str, int]]:
+        reads.append(threading.current_thread().name)
+        return established(proc_root)
+
+    monkeypatch.setattr(pathctl, "established", counted)
+    pc = PathControl(tmp_path / "run", deadline=1.0)
+    pc.start()
+    try:
+        pc.submit({"plan_id": "p", "assignments": [
+            {"id": "t", "proto": "tcp", "sport": 42001, "dst": "192.0.2.1", "dport": 9}]})
+        deadline = time.monotonic() + 5
+        while not (out := pc.results()):  # as the agent's loop asks
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert "no connection to it yet" in out[0]["failed"][0]["reason"]
+        assert reads and set(reads) == {"c4-pathctl"}
+        assert len(reads) <= 1.0 / pathctl.TCP_RECHECK_S + 2
+    finally:
         pc.close()
