@@ -196,7 +196,8 @@ class Agent:
         if sample.section is not None:
             try:
                 kinds.SECTIONS[name].check(sample.section, name)
-                size = len(msgpack.packb(sample.section))
+                size = (sample.size if sample.size is not None  # not encoded twice
+                        else len(msgpack.packb(sample.section)))
                 if size > self.cfg.max_frame // 2:
                     reason = f"section of {size} bytes is over half of max_frame"
             except (Invalid, ValueError, OverflowError, TypeError) as exc:

@@ -59,6 +59,7 @@ class Event:
 class Sample:
     section: Any = None  # report.body[<collector name>]; None: nothing this interval
     events: list[Event] = field(default_factory=list)
+    size: int | None = None  # the section's msgpack bytes, if the collector measured them
 
 
 class Collector(ABC):

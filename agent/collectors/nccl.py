@@ -195,9 +195,14 @@ class NcclCollector(Collector):
         events = list(self._stalls.values())[-MAX_STALLS:]
         self.dropped += len(self._stalls) - len(events)
         self._stalls = {}
-        section = {"comms": comms, "malformed": sum(self.malformed.values()),
+        section = {"comms": [], "malformed": sum(self.malformed.values()),
                    "dropped": self.dropped, "plugin_unsent": sum(self._drops_seen.values())}
-        return Sample(section, events)
+        # The comms were measured one by one above: the section's size is theirs plus the rest
+        # (an empty array is 1 byte; msgpack's array header is 1, 3 or 5 bytes).
+        head = 1 if len(comms) < 16 else 3 if len(comms) < 1 << 16 else 5
+        size += len(msgpack.packb(section)) - 1 + head
+        section["comms"] = comms
+        return Sample(section, events, size)
 
     def _read(self, sock: socket.socket) -> None:
         """Reader thread: moves datagrams from the socket to the bounded buffer."""

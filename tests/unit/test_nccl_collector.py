@@ -9,6 +9,7 @@ import stat
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from c4.agent.collectors.base import CollectorUnavailable, Context, OptionError
@@ -16,6 +17,7 @@ from c4.agent.collectors.nccl import NcclCollector
 from c4.agent.jobs import JobResolver
 from c4.agent.plugin_proto import decode
 from c4.core.wire.kinds import validate_body
+from tests import plugin_dgram as dgram
 
 NOW = 1000.0
 
@@ -247,3 +249,13 @@ def test_datagrams_the_plugin_could_not_send_are_reported(collector, send, golde
     send(bytes(data))
     nccl = _report(collector.collect(NOW).section)
     assert nccl["plugin_unsent"] == 7 and len(nccl["comms"]) == 1
+
+
+@pytest.mark.parametrize("ncomms", [1, 20])
+def test_the_section_size_is_measured_once_and_exact(collector, send, ncomms):
+    """The agent's size check takes the collector's measure instead of encoding the section
+    again: it must be the encoded size, also past 15 communicators (a longer array header)."""
+    send(*(dgram.summary([(1, 0, 0, 10)], colls=1, comm=0x100 + i) for i in range(ncomms)))
+    sample = collector.collect(NOW)
+    assert len(sample.section["comms"]) == ncomms
+    assert sample.size == len(msgpack.packb(sample.section))
