@@ -40,7 +40,7 @@ class ProgStats:
     run_time_ns: int
 
 
-def _bpf(cmd: int, attr: ctypes.Array) -> int:
+def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
     nr = _SYS_BPF.get(platform.machine())
     if nr is None:
         raise OSError(0, f"bpf() syscall number unknown on {platform.machine()}")

@@ -21,6 +21,7 @@ import msgpack
 
 from c4 import __version__
 from c4.core.wire import Invalid, kinds
+from c4.core.wire.sections import SECTIONS
 from c4.core.sdnotify import Notifier
 
 from . import collectors as registry
@@ -195,7 +196,7 @@ class Agent:
         reason = None
         if sample.section is not None:
             try:
-                kinds.SECTIONS[name].check(sample.section, name)
+                SECTIONS[name].check(sample.section, name)
                 size = (sample.size if sample.size is not None  # not encoded twice
                         else len(msgpack.packb(sample.section)))
                 if size > self.cfg.max_frame // 2:

@@ -7,7 +7,9 @@ is listed in `resets` so readers know the delta is a lower bound.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping
+from typing import Generic, Hashable, Mapping, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -17,13 +19,13 @@ class Change:
     resets: list[str] = field(default_factory=list)
 
 
-class CounterTracker:
+class CounterTracker(Generic[K]):
     """Remembers the previous sample of each source (a port, a netdev) to diff the next one."""
 
     def __init__(self) -> None:
-        self._prev: dict[Hashable, tuple[float, dict[str, int]]] = {}
+        self._prev: dict[K, tuple[float, dict[str, int]]] = {}
 
-    def update(self, key: Hashable, now: float, values: Mapping[str, int]) -> Change | None:
+    def update(self, key: K, now: float, values: Mapping[str, int]) -> Change | None:
         """Store `values` for `key`; return the change since its previous sample, or None for
         the first one. Counters missing from either sample get no delta."""
         prev = self._prev.get(key)
@@ -47,7 +49,7 @@ class CounterTracker:
                 change.rates[name] = delta / dt
         return change
 
-    def retain(self, keys: set[Hashable]) -> list[Hashable]:
+    def retain(self, keys: set[K]) -> list[K]:
         """Forget sources not in `keys` (they disappeared); return the forgotten keys."""
         gone = [k for k in self._prev if k not in keys]
         for k in gone:

@@ -68,7 +68,8 @@ class _Elf:
                                           self._u("Q", base + 56)))
 
     def _u(self, fmt: str, off: int) -> int:
-        return struct.unpack_from(self.end + fmt, self.data, off)[0]
+        value: int = struct.unpack_from(self.end + fmt, self.data, off)[0]
+        return value
 
     def cstr(self, section: _Section, off: int) -> str:
         start = section.offset + off

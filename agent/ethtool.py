@@ -37,7 +37,7 @@ class EthtoolError(OSError):
     """The stats of a netdev cannot be read; `errno` and the message say why."""
 
 
-def _ioctl(sock: socket.socket, netdev: str, buf: ctypes.Array) -> None:
+def _ioctl(sock: socket.socket, netdev: str, buf: ctypes.Array[ctypes.c_char]) -> None:
     ifreq = struct.pack(f"{IFNAMSIZ}sP", netdev.encode(), ctypes.addressof(buf))
     ifreq += b"\0" * (40 - len(ifreq))  # sizeof(struct ifreq) on 64-bit
     fcntl.ioctl(sock.fileno(), SIOCETHTOOL, ifreq)
@@ -55,7 +55,8 @@ def _stat_count(sock: socket.socket, netdev: str) -> int:
             raise
     buf = ctypes.create_string_buffer(struct.pack("=I", ETHTOOL_GDRVINFO), DRVINFO_SIZE)
     _ioctl(sock, netdev, buf)  # drivers without get_sset_count
-    return struct.unpack_from("=I", buf.raw, DRVINFO_N_STATS)[0]
+    n: int = struct.unpack_from("=I", buf.raw, DRVINFO_N_STATS)[0]
+    return n
 
 
 def _names(sock: socket.socket, netdev: str, count: int) -> list[str]:

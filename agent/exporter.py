@@ -179,7 +179,8 @@ class Exporter:
         self.httpd = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)),
                                          _handler(self.registry))
         self.httpd.daemon_threads = True
-        self.address = "%s:%d" % self.httpd.server_address[:2]
+        bound_host, bound_port = self.httpd.server_address[:2]
+        self.address = f"{bound_host!s}:{bound_port}"
         threading.Thread(target=self.httpd.serve_forever, name="c4-exporter",
                          daemon=True).start()
 

@@ -73,9 +73,9 @@ class JobResolver:
                 env[name.decode("ascii", "replace")] = value.decode("utf-8", "replace")
         job = None
         for key in self.keys:
-            value = env.get(key, "").strip()
-            if 0 < len(value) <= MAX_JOB_LEN and value.isprintable():
-                job = value
+            found = env.get(key, "").strip()
+            if 0 < len(found) <= MAX_JOB_LEN and found.isprintable():
+                job = found
                 break
         return job, _device(env)
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 DEFAULT_COMMAND = ("rdma", "-j", "-d", "res", "show", "qp")
 # What `rdma` prints when the kernel has no RDMA subsystem loaded (ib_core): no devices.
 NO_RDMA = "Failed to open NETLINK_RDMA socket"
+T = TypeVar("T")
 
-Runner = Callable[..., subprocess.CompletedProcess]
+Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
 class RdmaToolError(RuntimeError):
@@ -47,32 +48,32 @@ class Listing:
     rejected: list[str]  # one reason per object that could not be used
 
 
-def _uint(obj: dict, key: str, required: bool) -> int | None:
+def _uint(obj: dict[str, Any], key: str) -> int:
     value = obj.get(key)
-    if value is None and not required:
-        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{key}={value!r} is not an unsigned integer")
     return value
 
 
-def _str(obj: dict, key: str, required: bool) -> str | None:
+def _str(obj: dict[str, Any], key: str) -> str:
     value = obj.get(key)
-    if value is None and not required:
-        return None
     if not isinstance(value, str) or not value:
         raise ValueError(f"{key}={value!r} is not a non-empty string")
     return value
+
+
+def _optional(read: Callable[[dict[str, Any], str], T], obj: dict[str, Any], key: str) -> T | None:
+    return None if obj.get(key) is None else read(obj, key)
 
 
 def _qp(obj: Any) -> NetlinkQp:
     if not isinstance(obj, dict):
         raise ValueError(f"expected an object, got {type(obj).__name__}")
     return NetlinkQp(
-        dev=_str(obj, "ifname", True), port=_uint(obj, "port", False),
-        lqpn=_uint(obj, "lqpn", True), rqpn=_uint(obj, "rqpn", False),
-        qp_type=_str(obj, "type", True), state=_str(obj, "state", True),
-        pid=_uint(obj, "pid", False), comm=_str(obj, "comm", False))
+        dev=_str(obj, "ifname"), port=_optional(_uint, obj, "port"),
+        lqpn=_uint(obj, "lqpn"), rqpn=_optional(_uint, obj, "rqpn"),
+        qp_type=_str(obj, "type"), state=_str(obj, "state"),
+        pid=_optional(_uint, obj, "pid"), comm=_optional(_str, obj, "comm"))
 
 
 def parse_qps(text: str) -> Listing:

@@ -55,7 +55,7 @@ class Sender:
                  resend_after: float = 5.0, max_frame: int = wire.DEFAULT_MAX_FRAME,
                  record_path: str | None = None, validate_every: int = 30,
                  clock: Callable[[], float] = time.time,
-                 log: logging.Logger | None = None, ctx: zmq.Context | None = None,
+                 log: logging.Logger | None = None, ctx: zmq.Context[Any] | None = None,
                  curve: ClientKeys | None = None) -> None:
         self.endpoint = endpoint
         self.curve = curve  # None: plain TCP (`insecure = true`)
@@ -86,7 +86,7 @@ class Sender:
         self._queues[self.boot] = self._queue
         self._last_ack_progress = clock()
         self._zctx = ctx or zmq.Context.instance()
-        self._sock: zmq.Socket | None = None
+        self._sock: zmq.Socket[Any] | None = None
         self._recorder = record.Writer(record_path) if record_path else None
         self.handlers: dict[str, Callable[[Frame], None]] = {}
         self._connect()
@@ -116,7 +116,7 @@ class Sender:
         self._connect()
 
     @property
-    def socket(self) -> zmq.Socket:
+    def socket(self) -> zmq.Socket[Any]:
         assert self._sock is not None
         return self._sock
 

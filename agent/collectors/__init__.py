@@ -20,7 +20,8 @@ def load(name: str) -> type[Collector]:
     except KeyError:
         raise OptionError(f"unknown collector {name!r}; known: {', '.join(REGISTRY)}") from None
     module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)
+    found: type[Collector] = getattr(importlib.import_module(module), cls)
+    return found
 
 
 __all__ = ["Collector", "CollectorUnavailable", "Context", "Event", "OptionError", "Sample",

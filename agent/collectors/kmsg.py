@@ -79,8 +79,8 @@ class KmsgCollector(Collector):
             self.by_type[match.type] += 1
             events.append(Event(match.type, match.severity, match.attrs,
                                 record.message[:MSG_MAX], match.device))
-        section = {k: self.counts[k] for k in
-                   ("records", "events", "ignored", "malformed", "overwritten")}
+        section: dict[str, Any] = {k: self.counts[k] for k in
+                                   ("records", "events", "ignored", "malformed", "overwritten")}
         section["by_type"] = dict(self.by_type)
         return Sample(section, events)
 

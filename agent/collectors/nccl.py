@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import msgpack
 
 from ..jobs import DEFAULT_KEYS, JobResolver
-from ..plugin_proto import MAX_NS, Malformed, Message, Stalled, Summary, decode
+from ..plugin_proto import MAX_NS, Malformed, Message, Stalled, Summary, Waiting, decode
 from ..unixsock import remove_stale
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 from .options import check_keys, get_int, get_str_list
@@ -174,7 +174,7 @@ class NcclCollector(Collector):
         for data, flags, pid in batch:
             self._datagram(data, flags, pid, now)
         self._expire(now)
-        comms = []
+        comms: list[dict[str, Any]] = []
         size = 0
         for key in sorted(self._comms):
             c = self._comms[key]
@@ -300,14 +300,14 @@ class NcclCollector(Collector):
         first = parts[0]
         if isinstance(first, Stalled):
             waiting = [w for p in parts if isinstance(p, Stalled) for w in p.waiting]
-            k = (pid, first.header.comm, first.header.rank)
-            if k in self._stalls:  # a newer stall of the same rank replaces the older one
-                del self._stalls[k]
+            rank_key = (pid, first.header.comm, first.header.rank)
+            if rank_key in self._stalls:  # a newer stall of the same rank replaces the older
+                del self._stalls[rank_key]
                 self.dropped += 1
             elif len(self._stalls) >= MAX_STALLS:
                 self.dropped += 1
                 return
-            self._stalls[k] = self._stall_event(pid, first, waiting)
+            self._stalls[rank_key] = self._stall_event(pid, first, waiting)
             return
         assert isinstance(first, Summary)
         key = (pid, first.header.comm, first.header.rank)
@@ -323,16 +323,16 @@ class NcclCollector(Collector):
         c.entry_wait_ns = min(c.entry_wait_ns + first.entry_wait_ns, MAX_NS - 1)
         c.entry_ops += first.entry_ops
         for coll in first.colls:
-            k = (coll.func, coll.algo, coll.proto)
-            if k in c.colls or len(c.colls) < MAX_COLLS:
-                _add(c.colls.setdefault(k, [0, 0, 0]), (coll.count, coll.bytes, coll.time_ns),
+            coll_key = (coll.func, coll.algo, coll.proto)
+            if coll_key in c.colls or len(c.colls) < MAX_COLLS:
+                _add(c.colls.setdefault(coll_key, [0, 0, 0]), (coll.count, coll.bytes, coll.time_ns),
                      (U64_MAX, U64_MAX, MAX_NS - 1))
         for part in parts:
             assert isinstance(part, Summary)
             for p in part.peers:
-                k = (p.peer, p.channel, p.dir)
-                if k in c.peers or len(c.peers) < MAX_PEERS:
-                    _add(c.peers.setdefault(k, [0, 0, 0, 0, 0]),
+                peer_key = (p.peer, p.channel, p.dir)
+                if peer_key in c.peers or len(c.peers) < MAX_PEERS:
+                    _add(c.peers.setdefault(peer_key, [0, 0, 0, 0, 0]),
                          (p.bytes, p.steps, p.net_wait_ns, p.peer_wait_ns, p.gpu_wait_ns),
                          (U64_MAX, U64_MAX, MAX_NS - 1, MAX_NS - 1, MAX_NS - 1))
 
@@ -345,9 +345,9 @@ class NcclCollector(Collector):
                 del self._comms[key]
         live = {pid for pid, _, _ in self._comms}
         self._drops_seen = {pid: n for pid, n in self._drops_seen.items() if pid in live}
-        for key, (_, pending) in list(self._pending.items()):
+        for part_key, (_, pending) in list(self._pending.items()):
             if now - pending.first_rx > self.stale_intervals * pending.interval_s:  # parts lost
-                self._drop_pending(key)
+                self._drop_pending(part_key)
 
     # ---- report ----
 
@@ -379,7 +379,7 @@ class NcclCollector(Collector):
             "entry_ops": min(c.entry_ops, 2**32 - 1), "dropped_events": s.dropped_events,
         }
 
-    def _stall_event(self, pid: int, s: Stalled, waiting: list) -> Event:
+    def _stall_event(self, pid: int, s: Stalled, waiting: list[Waiting]) -> Event:
         h = s.header
         waits = [{"peer": w.peer, "channel": w.channel, "dir": w.dir, "state": w.state,
                   "idle_s": w.idle_ns * NS} for w in waiting[:MAX_WAITING]]

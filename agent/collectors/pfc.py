@@ -44,7 +44,7 @@ class PfcCollector(Collector):
             if sysfs.valid_name(n) is None or len(n.encode()) >= ethtool.IFNAMSIZ:
                 raise OptionError(f"collectors.pfc.netdevs: {n!r} is not an interface name")
         self._read = stats_reader or ethtool.read_stats
-        self._tracker = CounterTracker()
+        self._tracker: CounterTracker[str] = CounterTracker()
         self._failing: dict[str, str] = {}
 
     def targets(self) -> list[Target]:

@@ -30,7 +30,7 @@ class RdmaCollector(Collector):
         super().__init__(ctx, options)
         check_keys(self.name, options, ("rails",))
         self.rails = get_int_map(self.name, options, "rails", 0, 1023)
-        self._tracker = CounterTracker()
+        self._tracker: CounterTracker[tuple[str, int]] = CounterTracker()
         self._states: dict[PortKey, str] = {}
         self._collected = False
 
@@ -53,7 +53,7 @@ class RdmaCollector(Collector):
                 change = self._tracker.update(key, now, values)
                 ports.append(_port_entry(ref, status, pci, values, unreadable, change))
                 events.extend(self._port_events(ref, status, change))
-        for dev, port in sorted(self._tracker.retain(seen)):  # type: ignore[type-var]
+        for dev, port in sorted(self._tracker.retain(seen)):
             self._states.pop((dev, port), None)
             events.append(Event("port_removed", "warning", {"dev": dev, "port": port},
                                 f"{dev} port {port} disappeared", device=dev))

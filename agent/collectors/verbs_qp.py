@@ -140,7 +140,7 @@ class QpReporter:
         return [entries[k] for k in picked], max(0, len(changed) - self.budget), done
 
 
-def find_library(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Path:
+def find_library(run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> Path:
     """libibverbs.so.1 for this machine's architecture: from `ldconfig -p`, else the
     standard library directories."""
     candidates: list[Path] = []
