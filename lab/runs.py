@@ -62,10 +62,12 @@ def start_ring(st: LabState, *, steps: int, payload: int, compute_ms: float, cha
     run_id, d = new_run(st, "ring")
     ranks: list[RankSpec] = []
     nics: list[NicPlan] = []
+    local: dict[int, int] = {}  # rank -> its index on its host (its NIC: one rank per rail)
     for h, _ in order:
         hn = fab.host_nics(h)
         for i in range(ranks_per_host):
             nic = hn[i]
+            local[len(ranks)] = i
             ranks.append(RankSpec(len(ranks), h, nic.addr, LISTEN_PORT + i, nic.dev))
             nics.append(nic)
     rings = ring_orders(order, ranks_per_host, channels)
@@ -89,7 +91,8 @@ def start_ring(st: LabState, *, steps: int, payload: int, compute_ms: float, cha
     for r in ranks:
         hd = st.host_dir(r.host)
         p = spawn_rank([sys.executable, "-m", "c4.lab.workload", "rank", str(d), str(r.rank)],
-                       rank_env(env, hd / "run" / "plugin.sock", cfg.job),
+                       rank_env(env, hd / "run" / "plugin.sock", cfg.job,
+                                local[r.rank]),
                        netns.enter_fn(fab.ns(r.host)), st.data.get("cgroups", {}).get(r.host),
                        d / f"rank{r.rank}.log")
         pids[r.rank] = p.pid

@@ -49,7 +49,8 @@ from . import profiler as P
 
 HEADER = struct.Struct("<IIQ")  # epoch, channel, op sequence
 HELLO = struct.Struct("<III")  # rank, channel, epoch (connector -> acceptor)
-STALL_MS = 2000  # plugin: report a stalled communicator after this long without progress
+STALL_MS = 500  # plugin: report a stalled communicator after this long without progress (a
+# flapping link's 1 s down phase stalls the ring ~1.4 s: its stuck connections show only there)
 PORTS_ENV = "C4_TCP_PORTS"  # the agent's planned-ports file (agent/tcp_ports.py)
 
 
@@ -503,10 +504,12 @@ class Launched:
     hosts: dict[int, str] = field(default_factory=dict)
 
 
-def rank_env(base: dict[str, str], socket_path: Path, job: str) -> dict[str, str]:
+def rank_env(base: dict[str, str], socket_path: Path, job: str, local_rank: int) -> dict[str, str]:
     env = dict(base)
+    # LOCAL_RANK as torchrun sets it: the agent reads it as the rank's device, so diagnosis
+    # knows the NIC (rail) a rank's connections leave by (agent/jobs.py)
     env.update(C4_AGENT_SOCKET=str(socket_path), C4_JOB_ID=job, C4_INTERVAL_MS="1000",
-               C4_STALL_MS=str(STALL_MS), PYTHONUNBUFFERED="1")
+               C4_STALL_MS=str(STALL_MS), PYTHONUNBUFFERED="1", LOCAL_RANK=str(local_rank))
     # the host agent's planned TCP ports, beside its plugin socket in its run_dir
     env[PORTS_ENV] = str(socket_path.parent / "tcp-ports")
     return env

@@ -22,6 +22,7 @@ from .hardware import Hardware
 from .incidents import Incidents
 from .loss import LossDetector
 from .model import Model, PathSource
+from .outage import OutageDetector
 from .probes import Prober
 from .slow import SlowDetector
 from .straggler import StragglerDetector
@@ -45,6 +46,7 @@ class Diagnosis:
         self.straggler = StragglerDetector(cfg)
         self.loss = LossDetector(cfg, self.model)
         self.tcp = TcpDetector(cfg, self.model)
+        self.outage = OutageDetector(cfg, self.model)
         self.hardware = Hardware(cfg, self.model)
         self.store = Incidents(db, cfg, actions, log)
         self.clock = 0.0
@@ -95,6 +97,7 @@ class Diagnosis:
         if rdma:
             self.counters.on_rdma(host, rdma, interval)
             self.loss.on_rdma(host, rdma, interval, now)
+            self.outage.on_rdma(host, rdma, interval, now)
             self.hardware.on_rdma(host, rdma, now)
         flows = body.get("tcp_flows")
         if isinstance(flows, dict):
@@ -108,6 +111,7 @@ class Diagnosis:
             rk = comm.ranks.get(a["rank"]) if comm else None
             if rk is not None and rk.host == host:
                 rk.stall = a
+                self.outage.on_stall(comm, rk, a, now)  # type: ignore[arg-type]
             return
         self.hardware.on_event(host, body, now)
 
@@ -134,6 +138,7 @@ class Diagnosis:
                 for r in comm.ranks.values():
                     r.fresh = False
             findings += self.loss.tick(now)
+            findings += self.outage.tick(now)
             findings += self.tcp.tick(now)
             findings += self.hardware.tick(now)
             # Hardware first: a symptom then joins the incident of its cause.

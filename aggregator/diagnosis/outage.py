@@ -1,0 +1,167 @@
+"""Fabric links that blackhole traffic for seconds (down before the fabric routes around it,
+or each down phase of a flapping link), named before any collective stalls past the hang
+threshold and although the job recovers between outages.
+
+What an outage leaves on the hosts (measured on the lab's fabric, docs/lab.md):
+- the senders' retransmission timers fire: the NICs of the hosts whose connections cross the
+  link count ACK timeouts (`local_ack_timeout_err`; TCP's RTOs on the lab) in the report after
+  each outage. A lossless fabric, a hung rank, a straggler or a CPU hiccup cause none;
+- sometimes (when no other channel keeps the communicator progressing for `C4_STALL_MS`) a
+  stall message, whose connections in SendWait are the stuck ones.
+Two kinds of observation vote together (localise.rank), each through the components of the
+connections it covers:
+- a sending NIC: bad when it counted ACK timeouts in `MIN_BEATS` reports of the last
+  `WINDOW_S` seconds (once may be one lost tail), clear when it sent data and counted none,
+  neither in between; it covers every connection it sent in the window. Ring traffic makes
+  the two ends of a path cover the same NICs (a leaf's hosts send up the link that the next
+  leaf's hosts receive by), so NICs alone often tie between two links;
+- a stuck connection: in SendWait in a stall message while its sender's NIC counted an ACK
+  timeout within `PAIR_S` (a starved receiver leaves its senders in SendWait without
+  timeouts); it covers its own path and so separates such ties.
+A fabric link is named when it explains bad observations of `MIN_HOSTS` sending hosts with
+the localisation confidence. The window spans several periods of a flapping link: its NICs
+stay bad between phases and one incident covers them all. Packet loss that reaches the
+senders' timers names its link here too: the component the loss detector names, one incident.
+A host's own NIC or cable is not reported here (carrier, hw_nic_down name it).
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Any, Hashable
+
+from c4.core.topology import endpoint
+
+from . import localise
+from .config import DiagnosisConfig
+from .counters import port_rates
+from .findings import Finding
+from .model import Cell, Comm, Model, Rank
+from .slow import describe, nic_path
+
+COUNTER = "local_ack_timeout_err"
+WINDOW_S = 30.0  # evidence window: several periods of a flapping link
+MIN_BEATS = 2  # reports with ACK timeouts within the window that make a sending NIC bad
+PAIR_S = 3.0  # a stall message and its sender's ACK timeouts (counters lag a report or two)
+MIN_HOSTS = 2  # sending hosts whose bad observations the named link must explain
+
+Conn = tuple[Comm, Cell]
+
+
+class OutageDetector:
+    def __init__(self, cfg: DiagnosisConfig, model: Model) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.beats: dict[str, deque[float]] = {}  # NIC endpoint -> reports with ACK timeouts
+        # comm -> (arrival, rank, peer) of connections in SendWait in a stall message
+        self.waits: dict[str, deque[tuple[float, int, int]]] = {}
+
+    def on_rdma(self, host: str, section: dict[str, Any], interval: float, now: float) -> None:
+        for port in section.get("ports", []):
+            if port_rates(port, (COUNTER,), interval).get(COUNTER, 0.0) > 0:
+                self.beats.setdefault(endpoint(host, port["dev"]), deque()).append(now)
+
+    def on_stall(self, comm: Comm, rk: Rank, attrs: dict[str, Any], now: float) -> None:
+        q = self.waits.setdefault(comm.comm, deque())
+        for w in attrs.get("waiting", []):
+            if w["dir"] == "send" and w["state"] == "SendWait" and w["peer"] != rk.rank:
+                q.append((now, rk.rank, w["peer"]))
+
+    def _expire(self, start: float) -> None:
+        for nic in list(self.beats):
+            beats = self.beats[nic]
+            while beats and beats[0] < start - PAIR_S:
+                beats.popleft()
+            if not beats:
+                del self.beats[nic]
+        for cid in list(self.waits):
+            q = self.waits[cid]
+            while q and q[0][0] < start:
+                q.popleft()
+            if not q or cid not in self.model.comms:
+                del self.waits[cid]
+
+    def tick(self, now: float) -> list[Finding]:
+        start = now - WINDOW_S
+        self._expire(start)
+        beats = {nic: sum(1 for b in q if b >= start) for nic, q in self.beats.items()}
+        if not any(n >= MIN_BEATS for n in beats.values()):
+            return []  # nothing timed out repeatedly: the common case costs this much
+        covers: dict[Hashable, list[Conn]] = {}  # observation -> the connections it covers
+        host: dict[Hashable, str] = {}  # observation -> its sending host
+        bad: set[Hashable] = set()
+        for comm in self.model.comms.values():
+            for cell in comm.cells.values():
+                s = comm.ranks.get(cell.src)
+                if s is None or s.nic is None or cell.seen < start or \
+                        self.model.components(comm, cell) is None:
+                    continue
+                n = beats.get(s.nic, 0)
+                if n >= MIN_BEATS or n == 0:
+                    covers.setdefault(("nic", s.nic), []).append((comm, cell))
+                    host[("nic", s.nic)] = s.host
+                    if n:
+                        bad.add(("nic", s.nic))
+        for cid, q in self.waits.items():
+            comm = self.model.comms[cid]
+            for t, r, p in q:
+                rk, got = comm.ranks.get(r), comm.cells.get((r, p))
+                key = ("conn", cid, r, p)
+                if rk is None or got is None or key in bad or not self._timed_out(rk, t) or \
+                        self.model.components(comm, got) is None:
+                    continue
+                covers[key] = [(comm, got)]
+                host[key] = rk.host
+                bad.add(key)
+        if len({host[k] for k in bad}) < MIN_HOSTS:
+            return []
+        cells = {k: sorted({c for _, cell in conns for c in cell.comps})
+                 for k, conns in covers.items()}
+        ranked = localise.rank(bad, cells)
+        top = ranked[0] if ranked else None
+        topo = self.model.topology
+        link = topo.links.get(localise.link_name(top.id)[0]) \
+            if top is not None and top.kind == "link" and topo is not None else None
+        if top is None or link is None or link.kind != "fabric" or \
+                top.posterior < self.cfg.localise_confidence or \
+                len({host[k] for k in top.bad}) < MIN_HOSTS:
+            return []
+        return [self._finding(top, covers, host, beats)]
+
+    def _timed_out(self, rk: Rank, t: float) -> bool:
+        nics = [rk.nic] if rk.nic else [n for n in self.beats if n.partition("/")[0] == rk.host]
+        return any(abs(b - t) <= PAIR_S for n in nics for b in self.beats.get(n, ()))
+
+    def _finding(self, top: localise.Hypothesis, covers: dict[Hashable, list[Conn]],
+                 host: dict[Hashable, str], beats: dict[str, int]) -> Finding:
+        comp = next(c for k in top.bad for _, cell in covers[k] for c in cell.comps
+                    if (c[0], c[1]) == (top.kind, top.id))
+        conns = list({id(c): (m, c) for k in top.bad for m, c in covers[k]
+                      if comp in c.comps}.values())
+        jobs = Counter(m.job for m, _ in conns)
+        job = jobs.most_common(1)[0][0] if jobs else None
+        comm = next((m for m, _ in conns if m.job == job), None)
+        path = nic_path(comm, [(c.src, c.dst) for m, c in conns]) \
+            if comm is not None and all(m is comm for m, _ in conns) else None
+        suspects, named, aliases = localise.name(top, path)
+        nics = sorted(str(k[1]) for k in top.bad if isinstance(k, tuple) and k[0] == "nic")
+        stuck = sorted(f"{k[2]}->{k[3]}" for k in top.bad if isinstance(k, tuple) and k[0] == "conn")
+        hosts = sorted({host[k] for k in top.bad})
+        ev: dict[str, Any] = {
+            "ack_timeout_reports": {n: beats[n] for n in nics[:16]},  # per NIC, in the window
+            "stuck_connections": stuck[:16],  # in SendWait in stall messages, timed out
+            "sending_hosts": hosts[:16],
+            "observations_through_suspect": top.n_all,
+            "connections": sorted({f"{c.src}->{c.dst}" for _, c in conns})[:16],
+            "window_s": WINDOW_S,
+            **named,
+        }
+        summary = (f"{len(hosts)} hosts' connections across one link hit ACK timeouts "
+                   f"(traffic blackholed or dropped: a link down, flapping or losing packets) "
+                   f"in the last {WINDOW_S:.0f}s: {len(nics)} NIC(s) repeatedly, "
+                   f"{len(stuck)} connection(s) stuck in stall messages; "
+                   f"{top.n_all - top.n_bad} observation(s) through it clean; suspect: "
+                   f"{describe(suspects[0], self.cfg.localise_confidence)}")
+        first = min(min(self.beats[n]) for n in nics) if nics else min(
+            t for q in self.waits.values() for t, _, _ in q)
+        return Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
+                       first, aliases=aliases)
