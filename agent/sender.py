@@ -161,25 +161,27 @@ class Sender:
         re-encoded with `floor` = the oldest of its boot still held, so the aggregator settles
         what the byte budget dropped instead of waiting for it."""
         for boot, frames in spooled.items():
-            q: deque[_Pending] = deque()
+            readable = []
             for seq, data in frames:
                 try:
-                    kind, data = self._with_floor(data, frames[0][0])
+                    readable.append(wire.decode(data, self.max_frame))
                 except (wire.Rejected, ValueError, OverflowError) as exc:
                     self.log.warning("spooled frame %s/%d unreadable, dropped: %s", boot, seq,
                                      exc)
-                    continue
-                q.append(_Pending(seq, kind, data))
+            q: deque[_Pending] = deque()
+            for f in readable:  # the floor is the oldest resent, not one dropped as unreadable
+                data = self._with_floor(f, readable[0].seq)
+                q.append(_Pending(f.seq, f.kind, data))
                 self._bytes += len(data)
             if q:
                 self._queues[boot] = q
                 self.log.info("resending %d frames of an earlier run (boot %s) from the spool",
                               len(q), boot)
 
-    def _with_floor(self, data: bytes, floor: int) -> tuple[str, bytes]:
-        f = wire.decode(data, self.max_frame)
-        return f.kind, wire.encode(Frame(f.kind, f.host, f.boot, f.seq, f.ts, f.body, f.version,
-                                         floor), validate=False)
+    @staticmethod
+    def _with_floor(f: Frame, floor: int) -> bytes:
+        return wire.encode(Frame(f.kind, f.host, f.boot, f.seq, f.ts, f.body, f.version, floor),
+                           validate=False)
 
     def _refloor(self, boot: str, q: deque[_Pending]) -> None:
         """An earlier run's oldest held frame went: its new oldest carries the new floor, sent
@@ -188,7 +190,7 @@ class Sender:
         if boot == self.boot or not q:
             return
         head = q[0]
-        _, data = self._with_floor(head.data, head.seq)
+        data = self._with_floor(wire.decode(head.data, self.max_frame), head.seq)
         self._bytes += len(data) - len(head.data)
         head.data, head.sent_at = data, None
 

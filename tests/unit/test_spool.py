@@ -9,7 +9,7 @@ from pathlib import Path
 import zmq
 
 from c4.agent.sender import Sender
-from c4.agent.spool import COMPACT_MIN, Spool
+from c4.agent.spool import COMPACT_MIN, REC, Spool
 from tests.e2e.procs import free_port
 from tests.unit.test_sender import Router, _report
 
@@ -109,6 +109,42 @@ def test_resumed_frames_the_budget_drops_are_settled_by_the_floor(tmp_path: Path
         assert second.unacked == 0
         seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
         assert seqs.contiguous == 10 and seqs.lost == dropped
+    finally:
+        for s in opened:
+            s.close()
+        if router is not None:
+            router.sock.close(0)
+        ctx.term()
+
+
+def test_an_unreadable_oldest_spooled_frame_is_below_the_floor(tmp_path: Path) -> None:
+    """A spooled frame that no longer decodes is dropped on resume; the floor the others carry
+    is the oldest one actually resent, so the aggregator counts the unreadable one lost instead
+    of waiting for it (and never acking the rest)."""
+    ctx = zmq.Context()
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    spool = tmp_path / "spool"
+    router = None
+    opened: list[Sender] = []
+    try:
+        first = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
+        opened.append(first)
+        for _ in range(5):
+            first.send("report", _report())
+        first.close()
+        path = spool / f"{first.boot}.spool"
+        raw = bytearray(path.read_bytes())
+        n = REC.unpack_from(raw, 0)[2]
+        raw[REC.size:REC.size + n] = b"\xc1" * n  # never valid msgpack
+        path.write_bytes(bytes(raw))
+        second = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
+        opened.append(second)
+        assert second.unacked == 4
+        router = Router(ctx, ep)
+        _pump(router, second)
+        assert second.unacked == 0
+        seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
+        assert seqs.contiguous == 5 and seqs.lost == 1
     finally:
         for s in opened:
             s.close()
