@@ -93,6 +93,7 @@ class Diagnosis:
             for s in nccl.get("comms", []):
                 comm, rk = self.model.on_comm(host, s, interval, now)
                 self.slow.on_report(comm, rk, now)
+                self.loss.on_sends(comm, rk, now)
         rdma = body.get("rdma")
         if rdma:
             self.counters.on_rdma(host, rdma, interval)
@@ -151,6 +152,7 @@ class Diagnosis:
             for comm in self.model.expire(now, self.cfg.comm_expire_intervals,
                                           self.cfg.comm_expire_max_s):
                 self.hang.forget(comm)
+            self.hang.expire(now)
             self.prober.forget(now)
 
     # -- queries (API thread) -------------------------------------------------------------

@@ -27,6 +27,11 @@ POINTING = ("RecvWait", "SendPeerWait")  # the waiter's peer holds it up
 WAITING_ON_OTHERS = POINTING + ("SendWait",)  # a rank in these waits on a peer or the network
 FROZEN_INTERVALS = 1.5  # a repeated in-flight summary listed this long after its last fresh one
 EARLY_HOSTS = 2  # hosts whose stall messages point at a rank that stopped: named before the threshold
+# What a job taught (its pauses' length, its checkpoint writers) outlives its last
+# communicator this long on the aggregator's clock: a restart keeps it, a finished job's
+# memory goes (the aggregator sees thousands of jobs over weeks).
+JOB_MEMORY_S = 3600.0
+SWEEP_S = 60.0  # how often jobs past their memory are looked for
 
 
 class HangDetector:
@@ -38,11 +43,14 @@ class HangDetector:
         self.writers: dict[str, tuple[set[int], int, bool]] = {}
         self.pausing: dict[str, tuple[float, set[int]]] = {}  # comm -> pause going on, ranks
         self.named: dict[str, float] = {}  # comm -> last evaluation that named a culprit
+        self.job_seen: dict[str, float] = {}  # job -> last evaluation of one of its comms
+        self.swept = 0.0
 
     def threshold(self, comm: Comm) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_op_factor * (comm.period or 0.0))
 
     def tick(self, comm: Comm, now: float) -> list[Finding]:
+        self.job_seen[comm.job] = now
         found = self._tick(comm, now)
         if found and found[0].cls == "noncomm_hang":
             self.named[comm.comm] = now
@@ -141,6 +149,16 @@ class HangDetector:
     def forget(self, comm: Comm) -> None:
         self.pausing.pop(comm.comm, None)
         self.named.pop(comm.comm, None)
+
+    def expire(self, now: float) -> None:
+        """Forget what jobs without a communicator for JOB_MEMORY_S taught."""
+        if now - self.swept < SWEEP_S:
+            return
+        self.swept = now
+        for job in [j for j, t in self.job_seen.items() if now - t > JOB_MEMORY_S]:
+            del self.job_seen[job]
+            self.pause_s.pop(job, None)
+            self.writers.pop(job, None)
 
     @staticmethod
     def _pointed_missing(comm: Comm, live: list[Rank],

@@ -23,7 +23,7 @@ from . import localise
 from .config import DiagnosisConfig
 from .counters import port_rates
 from .findings import Finding
-from .model import Cell, Comm, Model, SlowWindow
+from .model import Cell, Comm, Model, Rank, SlowWindow, ballot
 from .slow import FRESH_INTERVALS, describe, nic_path
 from .stats import quantile
 
@@ -35,16 +35,22 @@ LOSS_NAMES = LOSS["rx"] + LOSS["tx"]
 
 
 class End(SlowWindow):
-    """One side (rx or tx) of one NIC: its loss rate and how persistently it stands out (the
-    same window as a slow connection's)."""
+    """One side (rx or tx) of one NIC: its loss rate, how persistently it stands out (the
+    same window as a slow connection's), and the connections it carries (kept up to date as
+    their reports arrive: a tick does no work per connection unless some end counts loss)."""
 
-    __slots__ = ("rate", "seen", "bad_rate")
+    __slots__ = ("rate", "seen", "bad_rate", "carried", "conns")
 
     def __init__(self) -> None:
         super().__init__()
         self.rate = 0.0
         self.seen = -1e18
         self.bad_rate = 0.0  # its rate in the last report that stood out
+        self.carried = -1e18  # arrival of the latest report of a connection through it with data
+        self.conns: dict[tuple[str, int, int], tuple[Comm, Cell]] = {}  # (comm, src, dst)
+
+
+SWEEP_S = 60.0  # how often connections that stopped moving data are dropped from their ends
 
 
 class LossDetector:
@@ -55,6 +61,13 @@ class LossDetector:
         self.ends: dict[tuple[str, str], End] = {}  # (rx | tx, NIC endpoint)
         self.floor = {"rx": float("inf"), "tx": float("inf")}  # per end, from the last tick
         self.interval = 1.0
+        self.swept = 0.0
+
+    def _end(self, key: tuple[str, str]) -> End:
+        e = self.ends.get(key)
+        if e is None:
+            e = self.ends[key] = End()
+        return e
 
     def on_rdma(self, host: str, section: dict[str, Any], interval: float, now: float) -> None:
         self.interval = interval or self.interval
@@ -62,9 +75,7 @@ class LossDetector:
             rates = port_rates(port, LOSS_NAMES, interval)
             nic = endpoint(host, port["dev"])
             for end, names in LOSS.items():
-                e = self.ends.get((end, nic))
-                if e is None:
-                    e = self.ends[(end, nic)] = End()
+                e = self._end((end, nic))
                 e.rate = sum(rates.get(n, 0.0) for n in names)
                 e.seen = now
                 bad = e.rate >= self.floor[end]
@@ -72,39 +83,67 @@ class LossDetector:
                     e.bad_rate = e.rate
                 e.push(bad, now, self.mask)
 
+    def on_sends(self, comm: Comm, rk: Rank, now: float) -> None:
+        """A rank's report: its send connections that moved data are carried by its NIC's tx
+        end and their receiver's rx end."""
+        tx = self._end(("tx", rk.nic)) if rk.nic else None
+        for dst, (nbytes, _) in rk.sends.items():
+            cell = comm.cells.get((rk.rank, dst))
+            d = comm.ranks.get(dst)
+            if nbytes < self.cfg.min_cell_bytes or cell is None or d is None:
+                continue
+            key = (comm.comm, rk.rank, dst)
+            for e in (tx, self._end(("rx", d.nic)) if d.nic else None):
+                if e is not None:
+                    e.conns[key] = (comm, cell)
+                    e.carried = now
+
     def tick(self, now: float) -> list[Finding]:
         fresh = FRESH_INTERVALS * self.interval
-        carried: dict[Hashable, list[tuple[Comm, Cell]]] = {}  # end -> its fresh connections
-        for comm in self.model.comms.values():
-            for cell in comm.cells.values():
-                if now - cell.seen > fresh:
-                    continue  # no data lately: its ends say nothing about it
-                s, d = comm.ranks.get(cell.src), comm.ranks.get(cell.dst)
-                if s is None or d is None or self.model.components(comm, cell) is None:
-                    continue
-                for key in (("tx", s.nic), ("rx", d.nic)):
-                    if key[1] is not None and key in self.ends:
-                        carried.setdefault(key, []).append((comm, cell))
-        live = {k: self.ends[k] for k in carried if now - self.ends[k].seen <= fresh}  # type: ignore[index]
+        if now - self.swept >= SWEEP_S:
+            self._sweep(now)
+        # ends that count and carry connections that moved data lately
+        live = {k: e for k, e in self.ends.items()
+                if now - e.seen <= fresh and now - e.carried <= fresh}
         for end in ("rx", "tx"):
             rates = sorted(e.rate for (x, _), e in live.items() if x == end)
             # most NICs count no loss; a lossy link can reach many, so the lower quartile
             base = quantile(rates, 0.25) if rates else 0.0
             self.floor[end] = max(self.cfg.counter_min_rate, self.cfg.counter_ratio * base)
-        bad = {k for k, e in live.items()
-               if e.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)}
+        carried: dict[Hashable, list[tuple[Comm, Cell]]] = {}  # end -> its fresh connections
+
+        def components(key: Hashable) -> list[localise.Component] | None:
+            e = live[key]  # type: ignore[index]
+            conns = carried[key] = [
+                (m, c) for m, c in e.conns.values()
+                if now - c.seen <= fresh and self._through(m, c, key)  # type: ignore[arg-type]
+                and self.model.components(m, c) is not None]
+            return sorted({x for _, c in conns for x in c.comps}) or None
+
+        # an end that counts loss now but not persistently is evidence of neither
+        bad, cells = ballot(live, self.cfg.slow_persist, self.cfg.slow_hold_s,
+                            lambda k: False, components)
         if not bad:
             return []
-        # ends that count loss now but not persistently are evidence of neither
-        # what each end's connections cross (cell.comps: set by model.components above), built
-        # only when some end counts loss
-        cells = {k: sorted({c for _, cell in carried[k] for c in cell.comps})
-                 for k, e in live.items() if k in bad or not e.hist}
         found, rest = localise.peel(bad, cells, self.cfg.localise_confidence)
         out = [self._finding(r[0], carried, now) for r in found]
         if rest:
             out.append(self._finding(rest[0], carried, now))
         return out
+
+    @staticmethod
+    def _through(comm: Comm, cell: Cell, key: tuple[str, str]) -> bool:
+        """The connection still runs through this end (its rank's NIC did not change)."""
+        rk = comm.ranks.get(cell.src if key[0] == "tx" else cell.dst)
+        return rk is not None and rk.nic == key[1]
+
+    def _sweep(self, now: float) -> None:
+        """Drop connections that moved no data for SWEEP_S, or whose communicator ended."""
+        self.swept = now
+        for e in self.ends.values():
+            for k in [k for k, (m, c) in e.conns.items()
+                      if now - c.seen > SWEEP_S or self.model.comms.get(m.comm) is not m]:
+                del e.conns[k]
 
     def _finding(self, top: localise.Hypothesis,
                  carried: dict[Hashable, list[tuple[Comm, Cell]]], now: float) -> Finding:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Hashable, Mapping, Protocol
 
 from c4.core.topology import Topology, TopologyError, endpoint, pair_id
 
@@ -93,6 +93,27 @@ class SlowWindow:
 
     def persistent(self, reports: int, hold_s: float) -> bool:
         return self.streak >= reports and self.last_slow - self.since >= hold_s
+
+
+def ballot(windows: Mapping[Any, SlowWindow], reports: int, hold_s: float,
+           doubtful: Callable[[Any], bool], components: Callable[[Any], list[Component] | None],
+           ) -> tuple[set[Hashable], dict[Hashable, list[Component]]]:
+    """The observations that vote on a fault (slow cells, TCP cells, NIC loss ends): (the
+    persistently bad ones, every voter's components). One bad now but not persistently, or
+    `doubtful` (elevated below the threshold), is evidence of neither health nor a fault (a
+    marginal fault flags only some of its cells) and does not vote; nor does one whose
+    components are unknown (None)."""
+    bad = {k for k, w in windows.items() if w.persistent(reports, hold_s)}
+    if not bad:
+        return bad, {}
+    cells: dict[Hashable, list[Component]] = {}
+    for k, w in windows.items():
+        if k not in bad and (w.streak or doubtful(k)):
+            continue
+        comps = components(k)
+        if comps is not None:
+            cells[k] = comps
+    return bad & cells.keys(), cells
 
 
 class Cell(SlowWindow):

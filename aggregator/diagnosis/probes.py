@@ -33,9 +33,15 @@ class Prober:
         sent = 0
         for cell in cells:
             s, d = comm.ranks.get(cell.src), comm.ranks.get(cell.dst)
-            if sent < PER_TICK and s is not None and d is not None and cell.path is None:
+            if sent < PER_TICK and s is not None and d is not None and \
+                    self._unknown(comm, cell):
                 sent += self._ask(s.nic, d.nic, now)
         return sent
+
+    def _unknown(self, comm: Comm, cell: Cell) -> bool:
+        """Neither the topology nor a probe gave the connection's path (model.components
+        looks it up; a cell's path is only as fresh as its last lookup)."""
+        return self.model.components(comm, cell) is not None and cell.path is None
 
     def _ask(self, src: str | None, dst: str | None, now: float) -> int:
         if self.model.paths is None or not src or not dst or \
@@ -60,7 +66,8 @@ class Prober:
                 if sent >= PER_TICK:
                     return sent
                 s, d = comm.ranks.get(cell.src), comm.ranks.get(cell.dst)
-                if s is None or d is None or not s.nic or not d.nic or cell.path is not None:
+                if s is None or d is None or not s.nic or not d.nic or \
+                        not self._unknown(comm, cell):
                     continue
                 pair = (s.nic, d.nic)
                 if now - self.asked.get(pair, -1e18) < RETRY_S or not any(

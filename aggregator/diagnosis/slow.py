@@ -14,7 +14,7 @@ from . import localise
 from .config import DiagnosisConfig
 from .counters import Counters
 from .findings import Finding, Suspect
-from .model import MARGINAL_REPORTS, Cell, Comm, Model, Rank
+from .model import MARGINAL_REPORTS, Cell, Comm, Model, Rank, ballot
 from .probes import Prober
 from .stats import lower_baseline, median
 
@@ -65,26 +65,15 @@ class SlowDetector:
             comm.baseline = None
             return []
         comm.baseline = lower_baseline([math.log(c.value) for c in fresh])
-        # slow in most recent reports, and over a span of slow_hold_s (a burst is shorter)
-        bad = {(c.src, c.dst) for c in fresh
-               if c.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)}
         if self.prober is not None:  # slow now, path unknown: traced before it is judged
-            self.prober.trace(comm, (c for c in fresh if c.streak and c.path is None), now)
+            self.prober.trace(comm, (c for c in fresh if c.streak), now)
         out = self._marginal(comm, fresh, now)
-        if not bad:
-            return out
-        # Cells slow now but not persistently, or elevated below the threshold, are neither
-        # evidence of health nor of a fault: a marginal fault flags only some of its cells.
+        # slow in most recent reports, and over a span of slow_hold_s (a burst is shorter)
         doubt = comm.baseline[0] + 0.5 * math.log(self.cfg.slow_ratio)
-        cells: dict[Hashable, list[localise.Component]] = {}
-        for c in fresh:
-            key = (c.src, c.dst)
-            if key not in bad and (c.streak or math.log(c.value) >= doubt):
-                continue
-            comps = self.model.components(comm, c)
-            if comps is not None:
-                cells[key] = comps
-        bad &= set(cells)
+        bad, cells = ballot({(c.src, c.dst): c for c in fresh}, self.cfg.slow_persist,
+                            self.cfg.slow_hold_s,
+                            lambda k: math.log(comm.cells[k].value) >= doubt,
+                            lambda k: self.model.components(comm, comm.cells[k]))
         if not bad:
             return out
         values = {k: comm.cells[k].slow_value for k in bad}  # type: ignore[index]

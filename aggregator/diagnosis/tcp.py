@@ -29,12 +29,12 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any
 
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
-from .model import PACE_REPORTS, PAUSE_MARGIN, Model, SlowWindow, bare_addr
+from .model import PACE_REPORTS, PAUSE_MARGIN, Model, SlowWindow, ballot, bare_addr
 from .slow import FRESH_INTERVALS, describe
 from .stats import lower_baseline, median
 
@@ -352,21 +352,16 @@ class TcpDetector:
             return []
         tj.baseline = {m: lower_baseline([_log(m, c.values[m]) for c in fresh])
                        for m in METRICS}
-        bad = {(c.src, c.dst) for c in fresh
-               if c.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)}
+        doubt = math.sqrt(self.cfg.slow_ratio)
+        base = tj.baseline
+        bad, cells = ballot({(c.src, c.dst): c for c in fresh}, self.cfg.slow_persist,
+                            self.cfg.slow_hold_s,
+                            lambda k: any(self._high(base, m, tj.cells[k].values[m], doubt)
+                                          for m in METRICS),
+                            lambda k: self._components(tj.cells[k]))
         if not bad:
             return []
-        # as in slow.py: cells slow now but not persistently, or elevated below the
-        # threshold, are evidence of neither health nor fault
-        doubt = math.sqrt(self.cfg.slow_ratio)
-        cells: dict[Hashable, list[localise.Component]] = {}
-        for c in fresh:
-            key = (c.src, c.dst)
-            if key not in bad and (c.streak or any(
-                    self._high(tj.baseline, m, c.values[m], doubt) for m in METRICS)):
-                continue
-            cells[key] = self._components(c)
-        values = {k: max(tj.cells[k].slow_values[m] / math.exp(tj.baseline[m][0])
+        values = {k: max(tj.cells[k].slow_values[m] / math.exp(tj.baseline[m][0])  # type: ignore[index]
                          for m in tj.cells[k].bad) for k in bad}  # type: ignore[index]
         found, rest = localise.peel(bad, cells, self.cfg.localise_confidence, values,
                                     self.cfg.slow_ratio)

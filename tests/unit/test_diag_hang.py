@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from c4.aggregator.diagnosis import Diagnosis, DiagnosisConfig
+from c4.aggregator.diagnosis import Diagnosis, DiagnosisConfig, hang
 from c4.core import ordinals
 from c4.core.wire import Frame, kinds
 
@@ -29,13 +29,13 @@ def host_of(r: int) -> str:
 class PluginRing:
     """A ring AllReduce job as the plugin + agent report it, one report per host per second."""
 
-    def __init__(self, completed: int) -> None:
+    def __init__(self, completed: int, checkpoint_s: float = 0.0) -> None:
         self.db = sqlite3.connect(":memory:")
-        # naming, not waiting: no checkpoint allowance or start-up grace (see
+        # naming, not waiting: no checkpoint allowance or start-up grace unless asked (see
         # test_diag_adversarial.py for those)
         self.diag = Diagnosis.from_config(
-            self.db, DiagnosisConfig(checkpoint_s=0.0, startup_grace_s=0.0), None, None,
-            logging.getLogger("t"))
+            self.db, DiagnosisConfig(checkpoint_s=checkpoint_s, startup_grace_s=0.0), None,
+            None, logging.getLogger("t"))
         self.done = completed  # collectives every rank completed before the fault
         self.seq = {f"h{i}": 0 for i in range(HOSTS)}
         self.t = 100.0
@@ -243,6 +243,24 @@ def test_a_checkpoint_pause_between_collectives_is_no_hang():
         ring.report({r: ring.summary(r, ring.done, ring.done) for r in range(N)})
     ring.healthy(5)
     assert ring.diag.incidents() == []
+
+
+def test_what_a_job_taught_is_forgotten_an_hour_after_it_ended():
+    """A 9 s checkpoint teaches job j a 13.5 s allowance. The job ends; back after more than
+    hang.JOB_MEMORY_S, its idle rank is judged against the declared 10 s again (the learned
+    pauses and writers of finished jobs must not pile up for ever)."""
+    ring = PluginRing(completed=0, checkpoint_s=10.0)
+    ring.healthy(20)
+    ring.hang(9, "idle")
+    ring.healthy(5)
+    assert ring.diag.incidents() == []
+    ring.t += 400.0  # the communicator expires
+    ring.diag.tick(ring.t)
+    ring.t += hang.JOB_MEMORY_S + 60.0
+    ring.diag.tick(ring.t)
+    ring.healthy(20)
+    ring.hang(14, "idle")
+    assert named(ring)["evidence"]["pause_allowance_s"] == 10.0
 
 
 def test_ordinal_helpers():
