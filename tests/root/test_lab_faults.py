@@ -5,14 +5,13 @@ lossy link <= 30 s). Each test builds its own lab (fixture) and tears it down.
 Timings are not asserted beyond the targets; bench/lab measures them."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from c4.lab import faults, runs
 from c4.lab.state import LabState
 
-from ._lab import incidents, names, others_open, wait_named
+from ._lab import others_open, wait_named
 
 pytestmark = pytest.mark.root
 LINK_S = 30.0
@@ -40,32 +39,24 @@ def test_slow_fabric_link_names_the_link(lab: LabState, ring: str) -> None:
     _named_alone(lab, f, LINK_S)
 
 
-# Measured with lab/faults.py's convergence delay (converge_s = 3 s: the routes are withdrawn
-# fabric-wide 3 s after the link fails, the ends drop the dead nexthop at once).
-# Link down: the connections that other leaves still hash through the dead link are blackholed
-# until the routes are withdrawn (3 s) and come back at their next retransmission (RTO backoff:
-# 3.0 or 6.2 s after the failure), so the ring stalls 3-6 s; C4D names the link (comm_hang, the
-# connections stuck in SendWait vote for it) only when the stall outlasts hang_floor_s (5 s):
-# bench/lab --record named it 2 of 2 in 6.5 s, this test 0 of 1 (no incident in 50 s).
+# Link down (lab/faults.py's convergence delay, converge_s = 3 s: the routes are withdrawn
+# fabric-wide 3 s after the link fails): the connections other leaves still hash through the
+# dead link are blackholed until then; their senders count ACK timeouts (RTOs) and the ring's
+# stall messages show them in SendWait. C4D's outage detector (aggregator/diagnosis/outage.py)
+# names the link from those before any hang threshold: bench/lab --record, 2 of 2 in 2.1 s.
 
 
-def test_fabric_link_down_never_blames_another_component(lab: LabState, ring: str) -> None:
-    """Whether the down link is named depends on the stall (see above; bench/lab scores it);
-    what must hold every time: no localised incident names anything but that link."""
+def test_fabric_link_down_names_the_link(lab: LabState, ring: str) -> None:
     f = faults.inject(lab, "down", busiest_link(lab, ring), {})
-    deadline = time.monotonic() + LINK_S + 20
-    while time.monotonic() < deadline:
-        wrong = [i for i in incidents(lab) if i.get("localised") and not names(i, f)]
-        assert not wrong, [{k: i.get(k) for k in ("class", "summary", "suspects")} for i in wrong]
-        time.sleep(1.0)
+    _named_alone(lab, f, LINK_S)
 
 
-@pytest.mark.xfail(strict=True, reason="1 s down / 3 s up, shorter than the 3 s convergence: "
-                   "the routes are never withdrawn and each down phase costs the ring about one "
-                   "collective in three in one report of three: no connection is slower per "
-                   "byte than its peers, none is stuck for a report interval, no stall message "
-                   "is sent, so no detector sees it; measured: no incident in 50 s (bench/lab "
-                   "--record: 0 of 2)")
+@pytest.mark.xfail(strict=False, reason="1 s down / 3 s up: each down phase blackholes the "
+                   "connections crossing the link for ~1.4 s (one RTO backoff), too short for "
+                   "a stall message in most phases; the senders' ACK timeouts alone often tie "
+                   "between the link and the one at the other end of the same paths until a "
+                   "phase separates them: bench/lab --record named it 1 of 2 (38.8 s), replays "
+                   "of those recordings at 23 s and 36 s; the target is 30 s")
 def test_flapping_fabric_link_names_the_link(lab: LabState, ring: str) -> None:
     f = faults.inject(lab, "flap", busiest_link(lab, ring), {"down_s": 1.0, "up_s": 3.0})
     _named_alone(lab, f, LINK_S)
