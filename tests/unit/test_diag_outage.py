@@ -1,0 +1,81 @@
+"""C4D's outage detector (aggregator/diagnosis/outage.py) on recordings of the real lab
+(tests/fixtures/lab: `bench/lab --record`, the ring job on the default 8-host fabric): a
+fabric link taken down, a link flapping 1 s down / 3 s up, and clean traffic, replayed
+through ingest and diagnosis with the lab aggregator's thresholds."""
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from pathlib import Path
+from typing import Any
+
+from c4.aggregator.config import AggregatorConfig
+from c4.aggregator.replay import replay
+from c4.core import record, wire
+
+LAB = Path(__file__).resolve().parents[1] / "fixtures" / "lab"
+
+
+def unpack(name: str, tmp: Path) -> tuple[Path, dict[str, Any]]:
+    rec = tmp / f"{name}.c4rec"
+    rec.write_bytes(lzma.decompress((LAB / f"{name}.c4rec.xz").read_bytes()))
+    shutil.copyfile(LAB / "topology.json", f"{rec}.topology.json")
+    return rec, json.loads((LAB / f"{name}.c4rec.truth.json").read_text())
+
+
+def run(rec: Path, truth: dict[str, Any]) -> list[dict[str, Any]]:
+    return replay(rec, cfg=AggregatorConfig(diagnosis=truth["diagnosis"])).incidents
+
+
+def named_after(incidents: list[dict[str, Any]], truth: dict[str, Any]) -> dict[str, float]:
+    """Localised incident top suspect -> seconds from the fault's injection."""
+    start = truth["epoch"] + truth["faults"][0]["start"]
+    return {i["suspects"][0]["id"]: i["localised"] - start for i in incidents if i["localised"]}
+
+
+def test_link_down_is_named_within_seconds(tmp_path: Path) -> None:
+    rec, truth = unpack("01-down-leaf03-spine00", tmp_path)
+    incidents = run(rec, truth)
+    got = named_after(incidents, truth)
+    assert list(got) == ["leaf03-spine00"], incidents
+    # before the hang floor (5 s): the ring recovered when the routes were withdrawn (3 s)
+    assert got["leaf03-spine00"] < 5.0
+    assert len(incidents) == 1
+    assert "ACK timeouts" in incidents[0]["summary"]
+
+
+def test_flapping_link_is_named_once(tmp_path: Path) -> None:
+    rec, truth = unpack("04-flap-leaf01-spine01", tmp_path)
+    incidents = run(rec, truth)
+    assert list(named_after(incidents, truth)) == ["leaf01-spine01"], incidents
+    assert len(incidents) == 1  # ten down phases, one incident
+
+
+def test_clean_traffic_raises_nothing(tmp_path: Path) -> None:
+    rec, truth = unpack("00-clean", tmp_path)
+    assert run(rec, truth) == []
+
+
+def test_stall_messages_without_ack_timeouts_name_no_link(tmp_path: Path) -> None:
+    """The same outage with the NICs' ACK timeouts removed: connections in SendWait alone (as
+    behind a starved receiver) are no outage; the link is named only once the stall outlasts
+    the hang floor (comm_hang), if it does."""
+    rec, truth = unpack("01-down-leaf03-spine00", tmp_path)
+    frames = []
+    for data in record.read(rec):
+        f = wire.decode(data)
+        if f.kind == "report" and f.body.get("rdma"):
+            for port in f.body["rdma"]["ports"]:
+                for key in ("counters", "deltas", "rates"):
+                    if key in port:
+                        port[key]["local_ack_timeout_err"] = 0
+            data = wire.encode(f)
+        frames.append(data)
+    rec.unlink()
+    with record.Writer(rec) as w:
+        for data in frames:
+            w.write(data)
+    incidents = run(rec, truth)
+    assert not any("ACK timeouts" in i["summary"] for i in incidents), incidents
+    assert all(t >= 5.0 for t in named_after(incidents, truth).values()), incidents
