@@ -114,11 +114,10 @@ def run(args: argparse.Namespace) -> int:
                             f" ({'; '.join(others) or 'no incident'})", None, False))
         else:
             took = inc["localised"] - f["injected"]
-            ev = inc["evidence"]
+            # whichever detector named it first (slow matrix, NIC loss counters, ACK timeouts)
             say(f"   incident {inc['id']}: {inc['class']} naming {top(inc)['kind']} "
                 f"{top(inc)['id']} (confidence {top(inc)['confidence']:.2f}) {took:.1f} s after "
-                f"the injection; evidence: {ev.get('slow_connections')} slow connections at "
-                f"{ev.get('ratio')}x the job's network time per byte, votes {ev.get('paths_voting')}")
+                f"the injection: {inc['summary']}")
             show_incident(st, inc)
             rows.append(Row("loss on a fabric link", link,
                             f"{inc['class']}: {top(inc)['kind']} {top(inc)['id']}", took, True))
