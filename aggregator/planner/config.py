@@ -34,6 +34,9 @@ class PlanningConfig:
         2000.0, "at most this many traced source ports per second over all hosts")
     path_ttl_s: float = field(3600.0, "a learned path is trusted for this long")
     budget_s: float = field(0.5, "time the optimiser may spend on one plan (seconds)")
+    replan_budget_s: float = field(
+        0.08, "time the optimiser may spend on a re-plan after a link incident (seconds): it "
+        "stops early when only the flows on the link moved, else it looks for fewer moves")
     tcp_ports: list[int] = field(
         [32768, 60999], "source-port range planned TCP connections may use (the hosts' "
         "ip_local_port_range); RoCE ports are always 49152-65535 (flow label at RTR)")
@@ -46,10 +49,10 @@ class PlanningConfig:
             raise ConfigError(f"{where}probe_ports: must be 1..64 (one probe entry's limit)")
         if len(self.tcp_ports) != 2 or not 1024 <= self.tcp_ports[0] < self.tcp_ports[1] <= 65535:
             raise ConfigError(f"{where}tcp_ports: expected [low, high] within 1024..65535")
-        if min(self.interval_s, self.probe_retry_s, self.budget_s, self.path_ttl_s,
-               self.probe_sports_per_s) <= 0:
-            raise ConfigError(f"{where}interval_s, probe_retry_s, budget_s, path_ttl_s, "
-                              "probe_sports_per_s: must be > 0")
+        if min(self.interval_s, self.probe_retry_s, self.budget_s, self.replan_budget_s,
+               self.path_ttl_s, self.probe_sports_per_s) <= 0:
+            raise ConfigError(f"{where}interval_s, probe_retry_s, budget_s, replan_budget_s, "
+                              "path_ttl_s, probe_sports_per_s: must be > 0")
         if self.probe_host_interval_s < 0:
             raise ConfigError(f"{where}probe_host_interval_s: must be >= 0")
         if not 0.0 <= self.min_gain < 1.0:

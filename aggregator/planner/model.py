@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any, Collection, Hashable, Iterable, Mapping
 
 import numpy as np
 
@@ -63,6 +63,7 @@ class Built:
     current: list[int]  # per planned flow: candidate index of its current port, -1 unknown
     unplanned: list[tuple[Flow, str]]  # flows left alone, with the reason
     arcs: list[tuple[str, bool]]  # arc index -> (link id, forward)
+    keys: list[Hashable] = field(default_factory=list)  # per planned flow: the caller's key
 
 
 class Arcs:
@@ -107,6 +108,9 @@ class Arcs:
         return self.named
 
 
+PairKey = tuple[str, str, str]  # (src, dst, path class)
+
+
 @dataclass
 class _Pair:
     """What one (src, dst, proto) contributes: its known ports and candidate paths."""
@@ -121,25 +125,53 @@ class _Pair:
 
 
 class Model:
-    """`build` for a caller that builds again and again (the aggregator): an endpoint pair's
-    candidates are recomputed only when its known ports changed (PathMap.version), one of
-    them expired, or a link on them went down or came back; an unchanged pair hands the
-    solver the same candidate list object, whose split the engine keeps."""
+    """`build` for a caller that builds again and again (the aggregator). Kept between builds:
+
+    - each endpoint pair's candidates, recomputed only when its known ports changed (the
+      path map's change log), one of them expired, or a link on one of its known paths went
+      down or came back (pairs are indexed by link, so a link failure touches only the pairs
+      with a known path over it); an unchanged pair hands the solver the same candidate list
+      object, whose split the engine keeps;
+    - the solver input itself: per planned flow its position, candidates, current candidate
+      and demand. A build re-evaluates only the flows the caller names as `changed` (or, when
+      it names none, the flows whose `Flow` object differs from the last build's) and the
+      flows of the pairs that changed, so its cost follows what changed, not how many flows
+      there are. A flow keeps its position while it stays planned; one that leaves is
+      replaced by the last (the engine updates the positions that changed)."""
 
     def __init__(self, topo: Topology, suspect_factor: float = 0.5,
                  arcs: Arcs | None = None) -> None:
         self.topo = topo
         self.suspect_factor = suspect_factor
         self.arcs = arcs or Arcs(topo)
-        self.pairs: dict[tuple[str, str, str], _Pair] = {}
         self.pathmap: PathMap | None = None
+        self.cap: tuple[frozenset[str], np.ndarray] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pairs: dict[PairKey, _Pair] = {}
+        self.by_link: dict[str, set[PairKey]] = {}  # link -> pairs with a known path over it
+        self.members: dict[PairKey, dict[Hashable, None]] = {}  # pair -> its flows (ordered)
+        self.seen: dict[Hashable, Flow] = {}  # every flow of the last build
         self.mark = (0, 0)  # the path map's log position at the last build
         self.down: set[str] = set()  # the down links at the last build
         self.until = float("inf")  # the earliest expiry of a kept pair
-        self.cap: tuple[frozenset[str], np.ndarray] | None = None
+        self.floor = 0.0
+        # the planned flows, by position
+        self.at: dict[Hashable, int] = {}
+        self.keys: list[Hashable] = []
+        self.flows: list[Flow] = []
+        self.cand: list[list[tuple[int, ...]]] = []  # candidate paths as arcs (the pair's)
+        self.paths: list[list[tuple[str, ...]]] = []
+        self.ports: list[list[list[int]]] = []
+        self.current: list[int] = []
+        self.dem: list[float] = []
+        self.off: dict[Hashable, tuple[Flow, str]] = {}  # unplanned flows, with the reason
 
-    def _pair(self, key: tuple[str, str, str], pathmap: PathMap, down: set[str],
-              now: float) -> _Pair:
+    def _pair(self, key: PairKey, pathmap: PathMap, down: set[str], now: float) -> None:
+        old = self.pairs.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
         known = pathmap.ports(*key, now)
         links = frozenset(lk for p in known.values() for lk in p)
         by_path: dict[tuple[str, ...], list[int]] = {}
@@ -152,85 +184,160 @@ class Model:
                    [sorted(by_path[p]) for p in paths], [self.arcs.of_path(p) for p in paths],
                    {port: at[path] for port, path in known.items() if path in at})
         self.pairs[key] = pr
+        for lk in links:
+            self.by_link.setdefault(lk, set()).add(key)
         self.until = min(self.until, pr.until)
-        return pr
 
-    def _pairs(self, keys: Iterable[tuple[str, str, str]], pathmap: PathMap, health: Health,
-               now: float) -> dict[tuple[str, str, str], _Pair]:
-        """The pair of each key: kept unless the path map changed it, an entry of it expired,
-        or a link on one of its known paths went down or came back."""
-        if pathmap is not self.pathmap:
-            self.pairs.clear()
-            self.pathmap = pathmap
-            self.mark = pathmap.mark()
-        dirty = pathmap.changed_since(self.mark)
-        self.mark = pathmap.mark()
-        flipped = health.down ^ self.down
-        self.down = set(health.down)
-        expired = now > self.until
-        if expired:
-            self.until = float("inf")
-        out = {}
-        pairs, down = self.pairs, health.down
-        for key in keys:
-            pr = pairs.get(key)
-            if pr is None or dirty is None or key in dirty or \
-                    (flipped and not flipped.isdisjoint(pr.links)) or (expired and now > pr.until):
-                pr = self._pair(key, pathmap, down, now)
-            elif expired:
-                self.until = min(self.until, pr.until)
-            out[key] = pr
-        for key in [k for k in pairs if k not in out]:
-            del pairs[key]  # pairs without flows: their memory goes with them
-        return out
+    def _unindex(self, key: PairKey, pr: _Pair) -> None:
+        for lk in pr.links:
+            s = self.by_link.get(lk)
+            if s is not None:
+                s.discard(key)
+                if not s:
+                    del self.by_link[lk]
 
-    def build(self, flows: list[Flow], pathmap: PathMap, health: Health, now: float) -> Built:
+    def build(self, flows: Mapping[Any, Flow] | list[Flow], pathmap: PathMap,
+              health: Health, now: float, changed: Collection[Hashable] | None = None) -> Built:
         """Candidates of each flow: the paths its known ports take, minus any through a down
         link. A suspect link keeps only `suspect_factor` of its capacity, so load leaves it
-        first."""
+        first. `flows`: by the caller's key (a list: by flow id); `changed`: the keys whose
+        flow was added, replaced or removed since the last build (None: compared here)."""
+        if not isinstance(flows, Mapping):
+            flows = {fl.id: fl for fl in flows}
+        if pathmap is not self.pathmap:
+            self._reset()
+            self.pathmap = pathmap
+            self.mark = pathmap.mark()
+            changed = None
+        seen = self.seen
+        if changed is None:
+            todo = dict.fromkeys(k for k, fl in flows.items() if seen.get(k) is not fl)
+            todo.update(dict.fromkeys(k for k in seen if k not in flows))
+        else:
+            todo = dict.fromkeys(changed)
+        # which flows belong to which pair
+        fresh: set[PairKey] = set()
+        for k in todo:
+            old, fl = seen.get(k), flows.get(k)
+            if old is not None and (fl is None or old.key != fl.key):
+                mates = self.members[old.key]
+                del mates[k]
+                if not mates:
+                    del self.members[old.key]
+                    pr = self.pairs.pop(old.key, None)
+                    if pr is not None:
+                        self._unindex(old.key, pr)
+            if fl is None:
+                seen.pop(k, None)
+                continue
+            seen[k] = fl
+            self.members.setdefault(fl.key, {})[k] = None
+            if fl.key not in self.pairs:
+                fresh.add(fl.key)
+        # the pairs to compute again: new, changed in the path map, over a link that went
+        # down or came back, expired
+        dirty = pathmap.changed_since(self.mark)
+        self.mark = pathmap.mark()
+        redo = set(self.pairs) if dirty is None else dirty.intersection(self.pairs)
+        redo |= fresh
+        for lk in health.down ^ self.down:
+            redo.update(self.by_link.get(lk, ()))
+        self.down = set(health.down)
+        if now > self.until:
+            self.until = float("inf")
+            for key, pr in self.pairs.items():
+                if now > pr.until:
+                    redo.add(key)
+                else:
+                    self.until = min(self.until, pr.until)
+        for key in sorted(redo):
+            self._pair(key, pathmap, health.down, now)
+            todo.update(self.members[key])
+        # flows below MICE of the largest are left alone: the floor comes from every flow's
+        # new demand
+        dem = np.asarray(self.dem)
+        mine = [self.at[k] for k in todo if k in self.at]
+        if mine:
+            dem[mine] = 0.0
+        top = max(float(dem.max(initial=0.0)),
+                  max((flows[k].demand for k in todo if k in flows), default=0.0),
+                  max((fl.demand for k, (fl, _) in self.off.items() if k not in todo),
+                      default=0.0))
+        floor = MICE * top
+        if floor != self.floor:
+            self.floor = floor
+            todo.update(dict.fromkeys(self.keys[i] for i in np.flatnonzero(dem < floor)))
+            todo.update(dict.fromkeys(self.off))
+        for k in todo:
+            self._place(k, flows.get(k), floor)
+        return self._built(pathmap, health, now)
+
+    def _place(self, k: Hashable, fl: Flow | None, floor: float) -> None:
+        """Flow `k` planned (at its position, or appended) or left alone, from its pair."""
+        pos = self.at.get(k)
+        why = None
+        if fl is not None:
+            pr = self.pairs[fl.key]
+            if fl.demand < floor:
+                # the acks of a one-way stream (the accepting end of a lab or NCCL socket
+                # connection, whose port is the listener's): moving it cannot lower the
+                # maximum
+                why = "too small to move"
+            elif not pr.paths:
+                why = "no known port avoids the down links" if pr.known else "no path known yet"
+        if fl is None or why is not None:
+            if pos is not None:
+                self._remove(pos)
+            if fl is None:
+                self.off.pop(k, None)
+            else:
+                self.off[k] = (fl, why or "")
+            return
+        self.off.pop(k, None)
+        cur = pr.index.get(fl.sport, -1) if fl.sport is not None else -1
+        if pos is None:
+            self.at[k] = len(self.keys)
+            self.keys.append(k)
+            self.flows.append(fl)
+            self.cand.append(pr.arcs)
+            self.paths.append(pr.paths)
+            self.ports.append(pr.ports)
+            self.current.append(cur)
+            self.dem.append(fl.demand)
+        else:
+            self.flows[pos], self.current[pos], self.dem[pos] = fl, cur, fl.demand
+            self.cand[pos], self.paths[pos], self.ports[pos] = pr.arcs, pr.paths, pr.ports
+
+    def _remove(self, pos: int) -> None:
+        last = len(self.keys) - 1
+        del self.at[self.keys[pos]]
+        cols: tuple[list[Any], ...] = (self.keys, self.flows, self.cand, self.paths,
+                                       self.ports, self.current, self.dem)
+        for col in cols:
+            col[pos] = col[last]
+            col.pop()
+        if pos < last:
+            self.at[self.keys[pos]] = pos
+
+    def _built(self, pathmap: PathMap, health: Health, now: float) -> Built:
         arcs = self.arcs
         base = np.zeros(2 * len(arcs.ids))
-        unplanned: list[tuple[Flow, str]] = []
-        floor = MICE * max((fl.demand for fl in flows), default=0.0)
-        keys = [fl.key for fl in flows]
-        # flows between the same endpoints (channels, QPs) share one pair
-        seen = self._pairs(dict.fromkeys(keys), pathmap, health, now)
-        prs = list(map(seen.__getitem__, keys))
-        demand = np.fromiter((fl.demand for fl in flows), np.float64, len(flows))
-        planned, mine = flows, prs
-        if not (all(pr.paths for pr in seen.values()) and bool(np.all(demand >= floor))):
-            planned, mine = [], []
-            for fl, pr in zip(flows, prs):
-                if fl.demand < floor:
-                    # the acks of a one-way stream (the accepting end of a lab or NCCL socket
-                    # connection, whose port is the listener's): moving it cannot lower the
-                    # maximum
-                    unplanned.append((fl, "too small to move"))
-                    _base_load(self.topo, arcs, base, fl, pathmap.lookup(
-                        fl.src, fl.dst, fl.pclass, fl.sport, now) if fl.sport is not None
-                        else None)
-                elif not pr.paths:
-                    unplanned.append((fl, "no known port avoids the down links" if pr.known
-                                      else "no path known yet"))
-                    _base_load(self.topo, arcs, base, fl,
-                               pr.known.get(fl.sport) if fl.sport is not None else None)
-                else:
-                    planned.append(fl)
-                    mine.append(pr)
-        cand_paths = [pr.paths for pr in mine]
-        cand_ports = [pr.ports for pr in mine]
-        cand_arcs = [pr.arcs for pr in mine]
-        current = [pr.index.get(fl.sport, -1) for fl, pr in zip(planned, mine)]  # type: ignore[arg-type]
+        for fl, why in self.off.values():
+            if why == "too small to move":
+                cur = pathmap.lookup(fl.src, fl.dst, fl.pclass, fl.sport, now) \
+                    if fl.sport is not None else None
+            else:
+                cur = self.pairs[fl.key].known.get(fl.sport) if fl.sport is not None else None
+            _base_load(self.topo, arcs, base, fl, cur)
         inst = None
-        if planned:
+        if self.flows:
             suspect = frozenset(health.suspect)
             if self.cap is None or self.cap[0] != suspect:
                 self.cap = (suspect, arcs.caps(health.suspect, self.suspect_factor))
-            if planned is not flows:
-                demand = np.fromiter((fl.demand for fl in planned), np.float64, len(planned))
-            inst = Instance(self.cap[1], demand, cand_arcs, base)
-        planned = list(planned)
-        return Built(inst, planned, cand_paths, cand_ports, current, unplanned, arcs.names())
+            inst = Instance(self.cap[1], np.asarray(self.dem), list(self.cand), base)
+        return Built(inst, list(self.flows), list(self.paths), list(self.ports),
+                     list(self.current),
+                     list(self.off.values()), arcs.names(), list(self.keys))
 
 
 def build(topo: Topology, flows: list[Flow], pathmap: PathMap, health: Health, now: float,
@@ -255,20 +362,25 @@ def _base_load(topo: Topology, arcs: Arcs, base: np.ndarray, fl: Flow,
                 base[a] += fl.demand
 
 
-def choose_ports(b: Built, assign: list[int]) -> list[int]:
-    """A source port per planned flow: its current port when its path stays, else a known port
-    of the chosen path; TCP connections between the same endpoints never share a port."""
+def choose_ports(b: Built, assign: list[int],
+                 flows: Iterable[int] | None = None) -> dict[int, int]:
+    """A source port for each of `flows` (default: every planned flow; a re-plan names the
+    moved ones): its current port when its path stays, else a known port of the chosen path;
+    TCP connections between the same endpoints never share a port."""
+    todo = range(len(b.flows)) if flows is None else sorted(flows)
     used: dict[tuple[str, str, int], set[int]] = {}
-    for f, fl in enumerate(b.flows):
-        if fl.proto == "tcp" and assign[f] == b.current[f] and fl.sport is not None:
-            used.setdefault((fl.src, fl.dst, fl.dport), set()).add(fl.sport)
+    if any(b.flows[f].proto == "tcp" for f in todo):
+        for f, fl in enumerate(b.flows):
+            if fl.proto == "tcp" and assign[f] == b.current[f] and fl.sport is not None:
+                used.setdefault((fl.src, fl.dst, fl.dport), set()).add(fl.sport)
     rr: dict[tuple[str, str, tuple[str, ...]], int] = {}
-    out = []
-    for f, fl in enumerate(b.flows):
+    out = {}
+    for f in todo:
+        fl = b.flows[f]
         k = assign[f]
         ports = b.ports[f][k]
         if k == b.current[f] and fl.sport is not None:
-            out.append(fl.sport)
+            out[f] = fl.sport
             continue
         key = (fl.src, fl.dst, b.paths[f][k])
         start = rr.get(key, 0)
@@ -281,5 +393,5 @@ def choose_ports(b: Built, assign: list[int]) -> list[int]:
                 break
         rr[key] = start + 1
         taken.add(pick)
-        out.append(pick)
+        out[f] = pick
     return out

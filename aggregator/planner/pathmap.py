@@ -27,6 +27,7 @@ class PathMap:
         self.by_link: dict[str, set[tuple[Key, int]]] = {}
         self.log: list[Key] = []  # keys in the order they changed
         self.epoch = 0  # a new epoch: the log was reset, every key may have changed
+        self.oldest = float("inf")  # no entry was learned before this: expire() waits for it
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.entries.values())
@@ -38,6 +39,7 @@ class PathMap:
         if old is not None:
             self._unindex(key, sport, old.links)
         self.entries.setdefault(key, {})[sport] = Entry(tuple(links), now)
+        self.oldest = min(self.oldest, now)
         for lk in links:
             self.by_link.setdefault(lk, set()).add((key, sport))
         self._changed(key)
@@ -87,6 +89,7 @@ class PathMap:
     def clear(self) -> None:
         self.entries.clear()
         self.by_link.clear()
+        self.oldest = float("inf")
         self._reset_log()
 
     def ports(self, src: str, dst: str, proto: str, now: float) -> dict[int, tuple[str, ...]]:
@@ -100,8 +103,13 @@ class PathMap:
         return e.links if e is not None and now - e.learned <= self.ttl_s else None
 
     def expire(self, now: float) -> int:
+        """Drop the entries older than the TTL (a scan only once the oldest one is)."""
+        if now - self.oldest <= self.ttl_s:
+            return 0
         old = [(k, p) for k, v in self.entries.items() for p, e in v.items()
                if now - e.learned > self.ttl_s]
+        self.oldest = min((e.learned for v in self.entries.values() for e in v.values()
+                           if now - e.learned <= self.ttl_s), default=float("inf"))
         for key, sport in old:
             e = self.entries[key].pop(sport)
             self._unindex(key, sport, e.links)

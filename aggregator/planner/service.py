@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -34,7 +35,7 @@ FLOW_TTL_S = 60.0  # a flow no report mentioned for this long is gone
 class Proposal:
     built: Built
     result: solver.Result
-    ports: list[int]
+    ports: dict[int, int]  # flow index -> source port, for the moved flows
     current_util: float | None
     made: float
     reason: str
@@ -66,6 +67,10 @@ class Planner:
         self.pathmap = PathMap(cfg.path_ttl_s)
         self.health = Health()
         self.flows: dict[str, dict[str, Flow]] = {}  # host -> flow id -> flow
+        # what the model is handed: (host, flow id) -> the flow with the port in effect, and
+        # the keys changed since the last build (every change to `flows` or `in_effect`)
+        self.live: dict[tuple[str, str], Flow] = {}
+        self.touched: set[tuple[str, str]] = set()
         self.gids: dict[str, str] = {}  # GID -> endpoint
         self.addrs: dict[str, str] = {}  # IP -> endpoint
         self.ep_addr: dict[str, str] = {}  # endpoint -> IP
@@ -78,7 +83,8 @@ class Planner:
         self.proposal: Proposal | None = None
         self.planned_util = 0.0  # what the last full proposal reached: a re-plan's target
         self.applied: Applied | None = None
-        self.in_effect: dict[str, int] = {}  # flow id -> port a plan_result confirmed
+        self.in_effect: dict[tuple[str, str], int] = {}  # (host, flow id) -> port a
+        # plan_result confirmed (QP ids are per host)
         self.epoch = int(db.execute("SELECT COALESCE(MAX(epoch), 0) FROM plans").fetchone()[0])
         self.next_plan = 0.0
         self.rng = random.Random(0)
@@ -150,6 +156,7 @@ class Planner:
             for i, (q, dev) in enumerate(qps):
                 fid = f"qp:{dev}:{q['lqpn']}"
                 flows.pop(fid, None)
+                self.touched.add((host, fid))
                 dst = self.gids.get(q.get("dgid") or "")
                 if dev is None or i not in live or dst is None or \
                         dst.partition("/")[0] == host:
@@ -165,10 +172,12 @@ class Planner:
             if tcp.get("refresh"):
                 for fid in [k for k, f in flows.items() if f.proto == "tcp"]:
                     del flows[fid]
+                    self.touched.add((host, fid))
             for f in tcp.get("flows", []):
                 fid = _ident(f"tcp:{_bare(f['saddr'])}:{f['sport']}:{_bare(f['daddr'])}:"
                              f"{f['dport']}")
                 flows.pop(fid, None)
+                self.touched.add((host, fid))
                 if f["closed"] or f["state"] != "ESTABLISHED":
                     continue
                 src, dst = self.addrs.get(_bare(f["saddr"])), self.addrs.get(_bare(f["daddr"]))
@@ -181,6 +190,7 @@ class Planner:
                                                       "dst": _bare(f["daddr"]), "seen": now})
         for fid in [k for k, f in flows.items() if now - f.meta["seen"] > FLOW_TTL_S]:
             del flows[fid]
+            self.touched.add((host, fid))
 
     def _probe_result(self, host: str, body: dict[str, Any], now: float) -> None:
         asked = self.pending.pop(body["probe_id"], {})
@@ -205,7 +215,8 @@ class Planner:
         for a in body["applied"]:
             if a["id"] in ap.assignments:
                 ap.results[a["id"]] = {"ok": True, "sport": a["sport"], "at": now}
-                self.in_effect[a["id"]] = a["sport"]
+                self.in_effect[(host, a["id"])] = a["sport"]
+                self.touched.add((host, a["id"]))
         for a in body["failed"]:
             if a["id"] in ap.assignments:
                 ap.results[a["id"]] = {"ok": False, "reason": a["reason"], "at": now}
@@ -216,24 +227,31 @@ class Planner:
     def tick(self, now: float) -> None:
         if not self.cfg.enabled:
             return
-        self.pathmap.expire(now)
-        self._probe(now)
-        changed = self._update_health()
-        if changed and self.cfg.replan_on_incident:
-            self.stats["replans"] += 1
-            p = self.propose(now, "link health changed: " + ", ".join(sorted(changed)),
-                             replan=True)
-            if self.cfg.auto_apply and p is not None and p.result.moved:
-                self.apply(now)
-        elif now >= self.next_plan:
+        # a link incident is answered first: probing and expiry can wait for the re-plan
+        if not self.react(now) and now >= self.next_plan:
             self.next_plan = now + self.cfg.interval_s
             p = self.propose(now, "periodic")
             if self.cfg.auto_apply and p is not None and p.current_util and \
                     p.result.max_util <= p.current_util * (1 - self.cfg.min_gain):
                 self.apply(now)
+        self.pathmap.expire(now)
+        self._probe(now)
+
+    def react(self, now: float) -> bool:
+        """Link health from C4D's open incidents; when it changed, the re-plan (applied
+        with `auto_apply`). True when it changed."""
+        changed = self._update_health()
+        if not changed or not self.cfg.replan_on_incident:
+            return False
+        self.stats["replans"] += 1
+        p = self.propose(now, "link health changed: " + ", ".join(sorted(changed)),
+                         replan=True)
+        if self.cfg.auto_apply and p is not None and p.result.moved:
+            self.apply(now)
+        return True
 
     def host_silent(self, host: str, last_seen: float, now: float) -> None:
-        self.flows.pop(host, None)
+        self.touched.update((host, fid) for fid in self.flows.pop(host, {}))
 
     def host_back(self, host: str, now: float) -> None:
         pass
@@ -355,33 +373,43 @@ class Planner:
         return bool(keys)
 
     # -- plans ------------------------------------------------------------------------------
-    def all_flows(self) -> list[Flow]:
-        out = []
-        for host in sorted(self.flows):
-            for fl in self.flows[host].values():
-                port = self.in_effect.get(fl.id)
-                if port is not None and port != fl.sport and fl.proto == "roce":
-                    fl = Flow(fl.id, fl.host, fl.src, fl.dst, fl.proto, port, fl.demand,
-                              fl.dport, fl.job, fl.meta)
-                out.append(fl)
-        return out
+    def live_flows(self) -> dict[tuple[str, str], Flow]:
+        """Every flow by (host, id), a RoCE flow with the port a plan_result confirmed (its
+        next report may still name the old one); updated for the touched keys only."""
+        for key in self.touched:
+            host, fid = key
+            fl = self.flows.get(host, {}).get(fid)
+            if fl is None:
+                self.live.pop(key, None)
+                continue
+            port = self.in_effect.get(key)
+            if port is not None and port != fl.sport and fl.proto == "roce":
+                fl = Flow(fl.id, fl.host, fl.src, fl.dst, fl.proto, port, fl.demand,
+                          fl.dport, fl.job, fl.meta)
+            self.live[key] = fl
+        return self.live
 
     def propose(self, now: float, reason: str, replan: bool = False) -> Proposal | None:
-        """Plan the live flows; `replan`: keep every flow whose path is still usable."""
-        b = self.model.build(self.all_flows(), self.pathmap, self.health, now)
+        """Plan the live flows; `replan`: keep every flow whose path is still usable, within
+        `replan_budget_s` from here (building the input counts)."""
+        t0 = time.perf_counter()
+        live = self.live_flows()
+        b = self.model.build(live, self.pathmap, self.health, now, self.touched)
+        self.touched = set()
         if b.inst is None:
             self.proposal = None
             return None
-        complete = all(k >= 0 for k in b.current)
+        complete = min(b.current) >= 0
         current_util = solver.max_util(b.inst, b.current) if complete else None
         if replan:
             # restore the utilisation the last proposal or plan reached, moving little
-            r = self.engine.replan(b.inst, b.current, self.cfg.budget_s, self.planned_util,
-                                   keys=[(fl.host, fl.id) for fl in b.flows])
+            r = self.engine.replan(
+                b.inst, b.current, self.cfg.replan_budget_s - (time.perf_counter() - t0),
+                self.planned_util)
         else:
-            r = self.engine.plan(b.inst, b.current, self.cfg.budget_s,
-                                 keys=[(fl.host, fl.id) for fl in b.flows])
-        self.proposal = Proposal(b, r, choose_ports(b, r.assign), current_util, now, reason)
+            r = self.engine.plan(b.inst, b.current, self.cfg.budget_s)
+        self.proposal = Proposal(b, r, choose_ports(b, r.assign, r.moved), current_util, now,
+                                 reason)
         if not replan:
             self.planned_util = r.max_util
         return self.proposal

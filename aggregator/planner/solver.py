@@ -36,6 +36,7 @@ import numpy as np
 EPS = 1e-9
 CHUNK = 128  # flows scored per array step in the greedy
 HOOD = 1500  # flows one large-neighbourhood MILP may re-place
+MOVERS = 3000  # flows the MILP for the fewest moves takes without a neighbourhood
 TAIL = 0.015  # seconds a re-plan keeps after its MILP for taking the answer over
 
 
@@ -143,6 +144,7 @@ class _State:
         self.on = _On()
         self.touched: set[int] = set()  # flows placed or lifted since the state was set up
         self.budget = 0
+        self.stop = float("inf")  # improve's deadline: the ejection chains stop at it too
 
     def place(self, f: int, k: int) -> None:
         d = self.d[f]
@@ -291,6 +293,8 @@ class _State:
                            key=lambda f: (f not in free, -self.d[f], f))
             moved = False
             for f in flows[:12] if depth < 2 else flows:
+                if time.perf_counter() >= self.stop:
+                    return False
                 cur = self.assign[f]
                 d = self.d[f]
                 mine = self.var[f][cur]
@@ -380,25 +384,30 @@ class _State:
         return all(self._relieve(a, limit, free, journal, 2, {f}) for a in over)
 
     def improve(self, deadline: float, free: set[int] | None = None, depth: int = 3,
-                target: float = 0.0) -> None:
+                target: float = 0.0) -> bool:
         """Lower the maximum utilisation level by level until a level cannot be cleared, the
-        maximum is at `target` or time runs out; a failed level is rolled back."""
+        maximum is at `target` or time runs out; a failed level is rolled back. False when
+        time ran out."""
         free = free if free is not None else set()
-        while time.perf_counter() < deadline:
-            u = self.util()
-            top = float(np.max(u, initial=0.0))
-            if top <= max(self.fixed_util, target) + EPS or top <= EPS:
-                return
-            limit = top - max(EPS, top * 1e-9)
-            hot = self.hot(u, limit)
-            journal: list[tuple[int, int]] = []
-            self.budget = 20000 + 50 * len(hot)
-            for a in hot:
-                if time.perf_counter() >= deadline or \
-                        not self._relieve(a, limit, free, journal, depth, set()):
-                    self._undo(journal, 0)
-                    return
-            free.update(f for f, _ in journal)
+        self.stop = deadline
+        try:
+            while time.perf_counter() < deadline:
+                u = self.util()
+                top = float(np.max(u, initial=0.0))
+                if top <= max(self.fixed_util, target) + EPS or top <= EPS:
+                    return True
+                limit = top - max(EPS, top * 1e-9)
+                hot = self.hot(u, limit)
+                journal: list[tuple[int, int]] = []
+                self.budget = 20000 + 50 * len(hot)
+                for a in hot:
+                    if not self._relieve(a, limit, free, journal, depth, set()):
+                        self._undo(journal, 0)
+                        return time.perf_counter() < deadline
+                free.update(f for f, _ in journal)
+            return False
+        finally:
+            self.stop = float("inf")
 
 
 
@@ -507,12 +516,15 @@ class _State:
 
     def fewest_moves(self, prev: Sequence[int], deadline: float) -> None:
         """Replace the moves made so far by the fewest that keep every arc at or below the
-        maximum reached (MILP over the moved flows' neighbourhood, the rest fixed)."""
+        maximum reached: a MILP over the flows that may need to move (`movers`; over the
+        moved flows' neighbourhood when those are too many), every other flow fixed."""
         moved = self.moved(prev)
         level = self.max_util()
-        # a wider neighbourhood solves faster when there is time to set it up
-        wide = HOOD if deadline - time.perf_counter() > 0.2 else 400
-        free = self.hood(moved, max(4 * len(moved), wide), level)
+        free = self.movers(moved, level, MOVERS)
+        if free is None:
+            # a wider neighbourhood solves faster when there is time to set it up
+            wide = HOOD if deadline - time.perf_counter() > 0.2 else 400
+            free = self.hood(moved, max(4 * len(moved), wide), level)
         got = sub_milp(self, free, level, prev, True, deadline)
         if got is None:
             return
@@ -522,6 +534,38 @@ class _State:
         if len(self.moved(prev)) >= before or self.max_util() > level + EPS:
             self.reassign(dict(journal))  # not better after all (rounding): keep the moves
 
+    def movers(self, moved: Sequence[int], level: float, most: int) -> list[int] | None:
+        """Every flow an assignment with the fewest moves keeping every arc at or below
+        `level` may move (`moved`, the flows moved now, included; the others are at their
+        previous paths): start from `moved`; an arc is tight when the flows outside the set
+        plus every flow of the set that has a candidate over it could exceed `level` there;
+        flows outside the set on a tight arc join it, until none does. A flow left out never
+        has to move: taking it off its path frees only arcs that cannot overflow. None when
+        the set grows past `most`."""
+        limit = level * (1 + 1e-9) + EPS
+        load = np.asarray(self.load)
+        cap = self.inst.cap
+        out = dict.fromkeys(moved)
+        reach = np.zeros(len(load))  # per arc: demand of the set's flows that could use it
+        todo = list(out)
+        while todo:
+            for f in todo:
+                d = self.d[f]
+                k = self.assign[f]
+                if k >= 0:
+                    load[list(self.var[f][k])] -= d
+                over = {a for p in self.var[f] for a in p}
+                reach[list(over)] += d
+            tight = np.flatnonzero(load + reach > limit * cap).tolist()
+            todo = []
+            for a in tight:
+                for g in self.on[a]:
+                    if g not in out:
+                        out[g] = None
+                        todo.append(g)
+            if len(out) > most:
+                return None
+        return list(out)
 
 def _usable(inst: Instance, prev: Sequence[int]) -> tuple[list[int], list[int]]:
     """`prev` with -1 for every index that is no candidate, and the flows with -1."""
@@ -538,14 +582,16 @@ def _result(st: _State, prev: Sequence[int] | None, t0: float) -> Result:
 class Engine:
     """The optimiser as the aggregator keeps it between plans: the split of each candidate
     list (by list object; model.Model gives an unchanged endpoint pair the same one) is
-    computed once, and the state of the last plan is kept: when the next one is for the same
-    flows (`keys`), only the flows whose candidates or demand changed, the arcs whose base
-    load or capacity changed and the flows whose path differs from `prev` are updated."""
+    computed once, and the state of the last plan is kept: a re-plan updates only the flows
+    (by position) whose candidates or demand changed, the arcs whose base load or capacity
+    changed and the flows whose path differs from `prev`."""
 
     def __init__(self) -> None:
         self.memo: dict[int, tuple[list[tuple[int, ...]], Split]] = {}
         self.last: _State | None = None
-        self.keys: list[object] | None = None
+        # the flows where they were when the last plan was made: a re-plan starts from it
+        # when that plan was not applied (moving thousands of flows back is slow)
+        self.placed: _State | None = None
 
     def split(self, c: list[tuple[int, ...]]) -> Split:
         got = self.memo.get(id(c))
@@ -565,29 +611,27 @@ class Engine:
         self.memo = fresh  # holds the lists, so an id is not reused while it is a key
         return _State(inst, [fresh[i][1][0] for i in ids], [fresh[i][1][1] for i in ids])
 
-    def _carry(self, inst: Instance, keys: list[object] | None) -> _State | None:
-        """The last state brought up to `inst`, when `inst` has the same flows in the same
-        order; None otherwise."""
-        st = self.last
-        if st is None or keys is None or keys != self.keys or len(st.inst.cap) != len(inst.cap):
-            return None
+    def _carry(self, st: _State, inst: Instance) -> _State:
+        """A kept state brought up to `inst` (same arcs): only the flows whose candidate
+        list or demand changed (or that are new or gone: the flows are by position) and the
+        arcs whose base load or capacity changed are updated."""
         old = st.inst
-        same = np.fromiter(map(operator.is_, old.cand, inst.cand), dtype=bool,
-                           count=len(inst.cand))
-        changed = np.flatnonzero(~same | (old.demand != inst.demand)).tolist()
+        n, m = inst.flows, min(inst.flows, old.flows)
+        for f in range(n, old.flows):  # gone: the state ends where inst does
+            self._swap(st, f, None, 0.0)
+        del st.assign[n:], st.d[n:], st.var[n:], st.com[n:]
+        st.touched = {f for f in st.touched if f < n}
+        same = np.fromiter(map(operator.is_, old.cand[:m], inst.cand[:m]), dtype=bool, count=m)
+        changed = np.flatnonzero(~same | (old.demand[:m] != inst.demand[:m])).tolist()
         new_d = inst.demand.tolist()
         for f in changed:
-            if st.assign[f] >= 0:
-                st.lift(f)
-            d = new_d[f]
-            for a in st.com[f]:
-                st.fixed[a] -= st.d[f]
-                st.load[a] -= st.d[f]
-            st.com[f], st.var[f] = self.split(inst.cand[f])
-            st.d[f] = d
-            for a in st.com[f]:
-                st.fixed[a] += d
-                st.load[a] += d
+            self._swap(st, f, inst.cand[f], new_d[f])
+        for f in range(m, n):  # new
+            st.assign.append(-1)
+            st.d.append(0.0)
+            st.com.append(())
+            st.var.append([])
+            self._swap(st, f, inst.cand[f], new_d[f])
         for a in np.flatnonzero(inst.base != old.base).tolist():
             delta = float(inst.base[a] - old.base[a])
             st.fixed[a] += delta
@@ -598,31 +642,61 @@ class Engine:
         st.inst = inst
         return st
 
-    def _begin(self, inst: Instance, prev: Sequence[int], keys: list[object] | None) -> _State:
-        st = self._carry(inst, keys)
+    def _swap(self, st: _State, f: int, cand: list[tuple[int, ...]] | None, d: float) -> None:
+        """Flow f of the state lifted, its shared arcs' load taken off and, with `cand`, put
+        back with its new candidates and demand (unplaced)."""
+        if st.assign[f] >= 0:
+            st.lift(f)
+        for a in st.com[f]:
+            st.fixed[a] -= st.d[f]
+            st.load[a] -= st.d[f]
+        if cand is None:
+            return
+        st.com[f], st.var[f] = self.split(cand)
+        st.d[f] = d
+        for a in st.com[f]:
+            st.fixed[a] += d
+            st.load[a] += d
+
+    def _begin(self, inst: Instance, prev: Sequence[int]) -> _State:
+        """A state with the flows on `prev`: of the kept ones (the last plan's, the flows
+        where they were when it was made) the one fewest flows differ from, brought up to
+        date; a new one without."""
+        want = np.asarray(prev)
+
+        def differ(s: _State) -> int:
+            m = min(len(s.assign), len(want))
+            return int(np.count_nonzero(np.asarray(s.assign[:m]) != want[:m])) + \
+                abs(len(s.assign) - len(want))
+
+        kept = [s for s in (self.last, self.placed)
+                if s is not None and len(s.inst.cap) == len(inst.cap)]
+        st = min(kept, key=differ) if kept else None
+        if st is self.placed:
+            self.placed = None
         if st is None:
             st = self.state(inst)
             st.place_all(prev)
         else:
-            differ = np.flatnonzero(np.asarray(st.assign) != np.asarray(prev)).tolist()
-            for f in differ:
+            st = self._carry(st, inst)
+            for f in np.flatnonzero(np.asarray(st.assign) != want).tolist():
                 if st.assign[f] >= 0:
                     st.lift(f)
                 if prev[f] >= 0:
                     st.place(f, prev[f])
         st.touched = set()
-        self.last, self.keys = st, keys
+        self.last = st
         return st
 
     def plan(self, inst: Instance, current: Sequence[int] | None = None,
-             budget_s: float = 0.5, keys: list[object] | None = None) -> Result:
+             budget_s: float = 0.5) -> Result:
         """A full plan. `current[f]`: the candidate flow f uses now (-1: unknown); `moved`
         counts flows whose path changes against it. Greedy from scratch (ties keep the current
         path), improvement, then large-neighbourhood search in what is left of the budget;
         when the flows' current paths are all known and that placement is no worse, the same
         search from it competes, so a plan is never worse than leaving the flows where they
-        are, and moves only what lowers the maximum. `keys` (one per flow, e.g. flow ids) let
-        the next re-plan start from this plan's state."""
+        are, and moves only what lowers the maximum. The next re-plan starts from this plan's
+        state."""
         t0 = time.perf_counter()
         deadline = t0 + budget_s
         complete = current is not None and all(k >= 0 for k in current)
@@ -636,22 +710,25 @@ class Engine:
         mid = deadline if not complete else (time.perf_counter() + deadline) / 2
         st.search(mid, current)
         best = _result(st, current, t0)
-        self.last, self.keys = st, keys
+        self.last = st
         if complete and current is not None and \
                 max_util(inst, current) <= best.max_util + EPS:
             self.last = None  # the search from the current paths needs a state of its own
             kept = self.replan(inst, current, max(0.0, deadline - time.perf_counter()),
-                               search=True, keys=keys)
+                               search=True)
             if kept.max_util <= best.max_util + EPS:
                 best = kept
             else:
                 self.last = st
+        self.placed = None
+        if current is not None:
+            self.placed = self.state(inst)
+            self.placed.place_all(_usable(inst, current)[0])
         best.seconds = time.perf_counter() - t0
         return best
 
     def replan(self, inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
-               target: float = 0.0, search: bool = False,
-               keys: list[object] | None = None) -> Result:
+               target: float = 0.0, search: bool = False) -> Result:
         """Re-plan from `prev` (per flow: candidate index, -1 where the old path is no longer
         usable or unknown): displaced flows go on their best alternative largest first, then
         improvement relieves overloaded arcs, moving displaced flows first; every other flow
@@ -659,23 +736,26 @@ class Engine:
         `target` (a re-plan after a failure restores the utilisation the plan had before it;
         a full plan improves further, with large-neighbourhood search when `search`). Moves
         the final maximum does not need are undone; when more than the displaced flows
-        moved, a MILP over their neighbourhood looks for fewer moves. With the `keys` of the
-        last plan, its state is carried over instead of set up again."""
+        moved, a MILP over their neighbourhood looks for fewer moves. The last plan's state
+        is carried over instead of set up again."""
         t0 = time.perf_counter()
         deadline = t0 + max(budget_s, 0.0)
         prev, displaced = _usable(inst, prev)
-        st = self._begin(inst, prev, keys)
+        st = self._begin(inst, prev)
         # where the maximum can go: displaced flows where their busiest arc ends lowest, then
         # improvement down to `target`
         st.greedy(displaced)
-        st.improve(t0 + budget_s / 3, set(displaced), target=target)
+        stuck = st.improve(t0 + budget_s / 3, set(displaced), target=target)
         st.restore(prev)
         level = st.max_util()
         first = {f: st.assign[f] for f in st.moved(prev)}
         # the same level again, each displaced flow where the fewest others must move
         st.reassign({f: prev[f] for f in first})
-        st.insert(displaced, level, t0 + budget_s * 2 / 3)
-        st.improve(deadline, set(st.moved(prev)), target=target)
+        fits = st.insert(displaced, level, t0 + budget_s * 2 / 3)
+        if search or not (stuck and fits):
+            # pass 1 stopped at a level it could not clear: a second try is left out unless a
+            # full plan asks for it or the insertion missed the level
+            st.improve(deadline, set(st.moved(prev)), target=target)
         if search:
             st.search(deadline, prev)
         st.restore(prev, deadline)

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from c4.aggregator.planner.config import PlanningConfig
-from c4.aggregator.planner.service import Planner
+from c4.aggregator.planner.service import Applied, Planner
 from c4.core import wire
 from c4.core.config import ConfigError, build
 from c4.core.topology import Topology
@@ -169,8 +169,9 @@ def test_a_link_incident_replans_off_the_link_and_auto_applies():
                p.pathmap.ports("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", 2.0).values())
 
 
-def qp_flow(p: Planner) -> None:
-    """node000 reports one RC QP to node002 (verbs_qp uprobes + the kernel's QP list)."""
+def qp_flow(p: Planner, host: str = "node000") -> None:
+    """`host` reports one RC QP (number 100) to node002 (verbs_qp uprobes + the kernel's QP
+    list)."""
     gid = "fe80:0000:0000:0000:0000:0000:0000:0003"
     body = hello("node002", "10.0.0.3")
     body["nics"][0]["ports"][0]["gids"] = [gid]
@@ -185,13 +186,13 @@ def qp_flow(p: Planner) -> None:
             "netlink_rejected")},
         "netlink": [{"dev": "mlx5_0", "port": 1, "lqpn": 100, "rqpn": 200, "qp_type": "RC",
                      "state": "RTS", "pid": 7, "comm": "python"}]}}
-    p.observe(frame("report", "node000", rep), 1.0)
+    p.observe(frame("report", host, rep), 1.0)
 
 
 def test_verbs_qps_become_roce_flows_keyed_by_qp():
     p, t = planner()
     qp_flow(p)
-    [fl] = p.all_flows()
+    [fl] = p.live_flows().values()
     assert (fl.id, fl.proto, fl.dst, fl.sport) == ("qp:mlx5_0:100", "roce", "node002/mlx5_0",
                                                    0xC123)
     p.tick(2.0)
@@ -199,6 +200,20 @@ def test_verbs_qps_become_roce_flows_keyed_by_qp():
     pr = body["probes"][0]
     assert kind == "probe" and pr["dst"] == "10.0.0.3" and pr["dport"] == 4791
     assert 0xC123 in pr["sports"] and all(0xC000 <= s <= 0xFFFF for s in pr["sports"])
+
+
+def test_a_confirmed_port_holds_only_for_the_qp_of_the_host_that_confirmed_it():
+    # QP numbers are per host: node000's QP 100 and node001's are two flows with one id
+    p, t = planner()
+    qp_flow(p, "node000")
+    qp_flow(p, "node001")
+    p.applied = Applied("plan-1", 1.0, "test", {"qp:mlx5_0:100": {"host": "node000"}})
+    p.observe(frame("plan_result", "node000", {
+        "plan_id": "plan-1", "applied": [{"id": "qp:mlx5_0:100", "sport": 0xC200}],
+        "failed": []}), 2.0)
+    live = p.live_flows()
+    assert live[("node000", "qp:mlx5_0:100")].sport == 0xC200
+    assert live[("node001", "qp:mlx5_0:100")].sport == 0xC123
 
 
 def test_diagnosis_reads_learned_paths_and_asks_for_probes():
