@@ -95,6 +95,9 @@ class Api:
 
     def get(self, path: str, query: dict[str, list[str]]) -> Any:
         parts = [unquote(p) for p in path.strip("/").split("/") if p]
+        if parts == ["api", "v1", "plan"] and self.planner is not None:
+            # a stale proposal is made again with the optimiser outside the lock
+            self.planner.refresh(self.lock, self.clock, "requested")
         now = self.clock()
         with self.lock:
             if parts == ["healthz"]:
@@ -156,6 +159,7 @@ class Api:
         """State-changing routes; the handler has checked the token (require_token)."""
         parts = [unquote(p) for p in path.strip("/").split("/") if p]
         if parts == ["api", "v1", "plan", "apply"] and self.planner is not None:
+            self.planner.refresh(self.lock, self.clock, "apply", missing_only=True)
             with self.lock:
                 return self.planner.apply(self.clock())
         raise NotFound(path)

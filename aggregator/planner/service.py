@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -39,6 +40,21 @@ class Proposal:
     current_util: float | None
     made: float
     reason: str
+    seq: int = 0  # the order proposals were prepared in
+    replan: bool = False
+
+
+@dataclass
+class Job:
+    """What `Planner.solve` needs, taken under the aggregator's lock by `prepare`."""
+
+    built: Built
+    now: float
+    reason: str
+    replan: bool
+    seq: int
+    t0: float  # perf_counter when prepared: a re-plan's budget counts from it
+    target: float  # the utilisation a re-plan restores
 
 
 @dataclass
@@ -81,6 +97,8 @@ class Planner:
         self.tokens = cfg.probe_sports_per_s
         self.tokens_at = 0.0
         self.proposal: Proposal | None = None
+        self.seq = 0  # proposals prepared
+        self.solving = threading.Lock()  # the optimiser: tick and the API may both plan
         self.planned_util = 0.0  # what the last full proposal reached: a re-plan's target
         self.applied: Applied | None = None
         self.in_effect: dict[tuple[str, str], int] = {}  # (host, flow id) -> port a
@@ -392,27 +410,69 @@ class Planner:
     def propose(self, now: float, reason: str, replan: bool = False) -> Proposal | None:
         """Plan the live flows; `replan`: keep every flow whose path is still usable, within
         `replan_budget_s` from here (building the input counts)."""
+        job = self.prepare(now, reason, replan)
+        return self.publish(self.solve(job)) if job is not None else None
+
+    def prepare(self, now: float, reason: str, replan: bool = False) -> Job | None:
+        """The optimiser's input from what the planner knows now (under the aggregator's
+        lock: it reads flows, path map and health); None, and no proposal, when no flow has
+        a known path."""
         t0 = time.perf_counter()
-        live = self.live_flows()
-        b = self.model.build(live, self.pathmap, self.health, now, self.touched)
+        b = self.model.build(self.live_flows(), self.pathmap, self.health, now, self.touched)
         self.touched = set()
+        self.seq += 1
         if b.inst is None:
             self.proposal = None
             return None
+        return Job(b, now, reason, replan, self.seq, t0, self.planned_util)
+
+    def solve(self, job: Job) -> Proposal:
+        """A proposal for `job`. Reads nothing the aggregator's lock guards (the input is
+        the job's own copy), so the API runs it outside that lock; the optimiser, whose state
+        is kept between plans, is the planner's alone (`solving`)."""
+        b = job.built
+        assert b.inst is not None
         complete = min(b.current) >= 0
         current_util = solver.max_util(b.inst, b.current) if complete else None
-        if replan:
-            # restore the utilisation the last proposal or plan reached, moving little
-            r = self.engine.replan(
-                b.inst, b.current, self.cfg.replan_budget_s - (time.perf_counter() - t0),
-                self.planned_util)
-        else:
-            r = self.engine.plan(b.inst, b.current, self.cfg.budget_s)
-        self.proposal = Proposal(b, r, choose_ports(b, r.assign, r.moved), current_util, now,
-                                 reason)
-        if not replan:
-            self.planned_util = r.max_util
-        return self.proposal
+        with self.solving:
+            if job.replan:
+                # restore the utilisation the last proposal or plan reached, moving little
+                r = self.engine.replan(
+                    b.inst, b.current,
+                    self.cfg.replan_budget_s - (time.perf_counter() - job.t0), job.target)
+            else:
+                r = self.engine.plan(b.inst, b.current, self.cfg.budget_s)
+        return Proposal(b, r, choose_ports(b, r.assign, r.moved), current_util, job.now,
+                        job.reason, job.seq, job.replan)
+
+    def publish(self, p: Proposal) -> Proposal:
+        """`p` becomes the proposal unless one prepared later was published first (a
+        re-plan while `p` was solved outside the lock)."""
+        if self.proposal is not None and self.proposal.seq > p.seq:
+            return self.proposal
+        self.proposal = p
+        if not p.replan:
+            self.planned_util = p.result.max_util
+        return p
+
+    def refresh(self, lock: Any, clock: Callable[[], float], reason: str,
+                missing_only: bool = False) -> None:
+        """Bring the proposal up to date (`missing_only`: only make one when there is none)
+        for the API: the input is prepared and the result published under `lock` (the
+        aggregator's), the optimiser runs outside it, so ingest is not held up for
+        `budget_s`."""
+        with lock:
+            now = clock()
+            want = self.proposal is None if missing_only else self.stale(now)
+            job = self.prepare(now, reason) if want else None
+        if job is not None:
+            p = self.solve(job)
+            with lock:
+                self.publish(p)
+
+    def stale(self, now: float) -> bool:
+        """Whether `view` would propose again (none, or older than `interval_s`)."""
+        return self.proposal is None or now - self.proposal.made > self.cfg.interval_s
 
     def apply(self, now: float) -> dict[str, Any]:
         """Send the proposal's moves to the hosts that own the flows."""
@@ -458,9 +518,7 @@ class Planner:
 
     # -- API --------------------------------------------------------------------------------
     def view(self, now: float, links: int = 20, moves: int = 200) -> dict[str, Any]:
-        p = self.proposal
-        if p is None or now - p.made > self.cfg.interval_s:
-            p = self.propose(now, "requested")
+        p = self.proposal if not self.stale(now) else self.propose(now, "requested")
         out: dict[str, Any] = {
             "enabled": self.cfg.enabled, "auto_apply": self.cfg.auto_apply,
             "flows": sum(len(v) for v in self.flows.values()),

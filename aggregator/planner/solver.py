@@ -24,7 +24,10 @@ Pure arithmetic on indices: the caller (service.py) turns topology, path map and
 """
 from __future__ import annotations
 
+import ctypes
 import operator
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from itertools import chain
@@ -32,6 +35,26 @@ from typing import Sequence
 
 import highspy
 import numpy as np
+
+
+
+def _quiet_highs() -> None:
+    """HiGHS writes its banner to file descriptor 1 when the process makes its first `Highs`,
+    before any option (output_flag) can be set: make that first one here, at import (before
+    the aggregator starts its threads), with descriptor 1 on /dev/null."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+            ctypes.CDLL(None).fflush(None)  # C stdio may hold it when stdout is no terminal
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+_quiet_highs()
 
 EPS = 1e-9
 CHUNK = 128  # flows scored per array step in the greedy

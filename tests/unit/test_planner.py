@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -182,6 +184,18 @@ def test_pathmap_forgets_what_a_link_incident_touches_and_expires():
     assert pm.lookup("a/x", "b/x", "roce", 50001, 16.0) is None  # older than the TTL
     assert pm.expire(9.0) == 0  # nothing old enough yet
     assert pm.expire(16.0) == 1 and len(pm) == 0 and not pm.by_link
+
+
+def test_highs_writes_nothing_to_the_aggregators_stdout():
+    # HiGHS prints a banner on descriptor 1 when a process makes its first solver, whatever
+    # the options; stdout is the aggregator's (and `bench/planner --json`'s) output
+    code = ("from c4.aggregator.planner import solver\n"
+            "import numpy as np\n"
+            "inst = solver.Instance(np.ones(2), np.ones(1), [[(0,), (1,)]])\n"
+            "print(solver.lp_bound(inst))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout == "0.5\n"
 
 
 def test_a_level_that_cannot_be_cleared_moves_nothing():

@@ -3,6 +3,7 @@ probe and plan frames out, link incidents -> re-plan; the API route and `c4 plan
 from __future__ import annotations
 
 import sqlite3
+import threading
 
 import pytest
 
@@ -98,17 +99,22 @@ def answer_probes(p: Planner, t: Topology, now: float) -> int:
     return n
 
 
-def test_probe_learn_plan_apply_and_results():
-    p, t = planner()
+def learned(p: Planner, t: Topology) -> list[int]:
+    """`colliding`, probed, and the current ports' paths known too (a live connection owns
+    them: the agent learns them from a later probe of a fresh port that reuses them)."""
     same = colliding(p, t)
     p.tick(2.0)
     assert answer_probes(p, t, 2.0) == 8 + 2 - 2  # 8 ports wanted; tcp never probes its own
     assert p.stats["paths_learned"] == 8
-    # the current ports' paths are not known (a live connection owns them): learn them as
-    # the agent would from a later probe of a fresh port that happened to reuse them
     for sp in same:
         p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
                         t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 2.0)
+    return same
+
+
+def test_probe_learn_plan_apply_and_results():
+    p, t = planner()
+    same = learned(p, t)
     v = p.view(3.0)["proposal"]
     assert v["current_max_util"] > v["proposed_max_util"]
     assert v["moved"] == 1 and v["moves"][0]["from"] in same
@@ -128,6 +134,39 @@ def test_probe_learn_plan_apply_and_results():
     assert last["failed"] == [{"id": a["id"], "reason": "ECONNREFUSED"}]
     row = p.db.execute("SELECT results FROM plans WHERE id=?", (body["plan_id"],)).fetchone()
     assert "ECONNREFUSED" in row[0]
+
+
+def test_c4_plan_runs_the_optimiser_outside_the_aggregator_lock():
+    # GET /api/v1/plan (Api.get -> refresh): input and result under the lock, the optimiser
+    # (up to budget_s) without it, so ingest goes on meanwhile
+    p, t = planner()
+    learned(p, t)
+    p.proposal = None
+    lock = threading.Lock()
+    held: list[bool] = []
+    plan = p.engine.plan
+
+    def watched(*args, **kwargs):
+        held.append(lock.locked())
+        return plan(*args, **kwargs)
+
+    p.engine.plan = watched
+    p.refresh(lock, lambda: 3.0, "requested")
+    assert held == [False]
+    assert p.proposal is not None and p.proposal.result.moved
+    p.refresh(lock, lambda: 3.0, "requested")  # fresh: not made again
+    p.refresh(lock, lambda: 3.0, "apply", missing_only=True)
+    assert held == [False]
+
+
+def test_a_proposal_solved_outside_the_lock_never_replaces_a_later_one():
+    # a link incident's re-plan (tick, under the lock) lands while the API's older job is
+    # being solved: the re-plan stays the proposal
+    p, t = planner()
+    learned(p, t)
+    job = p.prepare(3.0, "requested")
+    later = p.propose(3.5, "link health changed", replan=True)
+    assert p.publish(p.solve(job)) is later and p.proposal is later
 
 
 def test_probes_are_rate_limited_and_not_repeated():
