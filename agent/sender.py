@@ -177,6 +177,8 @@ class Sender:
                 self._queues[boot] = q
                 self.log.info("resending %d frames of an earlier run (boot %s) from the spool",
                               len(q), boot)
+            elif self.spool is not None:  # nothing of that run can be resent: its file goes
+                self.spool.settle(boot, frames[-1][0], list)
 
     @staticmethod
     def _with_floor(f: Frame, floor: int) -> bytes:

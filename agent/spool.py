@@ -22,6 +22,7 @@ from typing import Callable
 
 REC = struct.Struct("<cQI")
 SUFFIX = ".spool"
+TMP_SUFFIX = ".tmp"
 COMPACT_MIN = 1 << 20  # rewrite a file once it is this big and mostly settled
 
 
@@ -35,7 +36,10 @@ class Spool:
 
     def load(self) -> dict[str, list[tuple[int, bytes]]]:
         """Unsettled frames of earlier boots, oldest file first: {boot: [(seq, data), ...]}.
-        Files with nothing left are deleted."""
+        Files with nothing left are deleted, and so are rewrites a crash cut short (the .spool
+        they were to replace is intact)."""
+        for tmp in self.dir.glob("*" + TMP_SUFFIX):
+            tmp.unlink(missing_ok=True)
         out: dict[str, list[tuple[int, bytes]]] = {}
         paths = sorted(self.dir.glob("*" + SUFFIX), key=lambda p: p.stat().st_mtime)
         for path in paths:
@@ -99,7 +103,7 @@ class _File:
         self.size += len(rec)
 
     def rewrite(self, live: list[tuple[int, bytes]]) -> None:
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_suffix(TMP_SUFFIX)
         with open(tmp, "wb") as out:
             for seq, data in live:
                 out.write(REC.pack(b"F", seq, len(data)) + data)

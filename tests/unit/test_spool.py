@@ -191,3 +191,43 @@ def test_an_unwritable_spool_falls_back_to_memory(tmp_path: Path) -> None:
         s.close()
     finally:
         ctx.term()
+
+
+def test_a_run_whose_spooled_frames_are_all_unreadable_is_deleted(tmp_path: Path) -> None:
+    """Nothing of that run can be resent: its file goes, instead of being read (and warned
+    about) again at every later start."""
+    ctx = zmq.Context()
+    spool = tmp_path / "spool"
+    try:
+        first = Sender("inproc://agg-unreadable", "h1", ctx=ctx, spool_dir=spool)
+        for _ in range(2):
+            first.send("report", _report())
+        first.close()
+        path = spool / f"{first.boot}.spool"
+        raw = bytearray(path.read_bytes())
+        off = 0
+        while off < len(raw):
+            n = REC.unpack_from(raw, off)[2]
+            raw[off + REC.size:off + REC.size + n] = b"\xc1" * n  # never valid msgpack
+            off += REC.size + n
+        path.write_bytes(bytes(raw))
+        second = Sender("inproc://agg-unreadable", "h1", ctx=ctx, spool_dir=spool)
+        try:
+            assert second.unacked == 0
+            assert not path.exists()
+        finally:
+            second.close()
+    finally:
+        ctx.term()
+
+
+def test_a_rewrite_cut_short_by_a_crash_is_removed_at_start(tmp_path: Path) -> None:
+    """os.replace never happened, so the .spool still holds everything; the half-written
+    .tmp is garbage that nothing else would ever delete."""
+    log = logging.getLogger("test")
+    sp = Spool(tmp_path, "old", log)
+    sp.append("old", 1, b"one")
+    sp.close()
+    (tmp_path / "old.tmp").write_bytes(b"half a rewr")
+    assert Spool(tmp_path, "new", log).load() == {"old": [(1, b"one")]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.spool"]
