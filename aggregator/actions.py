@@ -344,7 +344,7 @@ class ActionRunner:
         (n,) = self.db.execute(
             f"SELECT COUNT(*) FROM actions WHERE action = 'drain' AND ts > ? AND outcome IN ({marks})",
             (since, *_ACTED)).fetchone()
-        return n
+        return int(n)
 
     def _plan(self, action: str, target: str, inc: _Incident) -> tuple[str, list[Any]]:
         """(backend, steps): argv lists to run in order, or one URL for the webhook."""

@@ -126,7 +126,8 @@ class Api:
             if what == "stats" and not rest:
                 return self.stats()
             if what == "incidents" and not rest:
-                state = (query.get("state") or [None])[0]
+                states = query.get("state")
+                state = states[0] if states else None
                 if state not in (None, "open", "mitigated", "resolved"):
                     raise BadRequest("state must be open, mitigated or resolved")
                 return {"incidents": self.diagnosis.incidents(state) if self.diagnosis else []}

@@ -15,6 +15,8 @@ from typing import Any, Iterator, Protocol
 
 from c4.core import wire
 from c4.core.wire import Frame, Invalid, Rejected, fast, kinds
+from c4.core.wire.names import IDENT
+from c4.core.wire.schema import SEQ
 
 from .state import HostRegistry, HostState, SeqState
 from .store import Store
@@ -267,13 +269,12 @@ class Ingest:
         if host and host in self.registry.hosts:
             self.registry.hosts[host].rejected += 1
         self._log_limited(exc.code, f"rejected frame from {host or 'unknown peer'}: {exc}", now)
-        seq = env.get("seq")  # as the peer sent it: echo it only if it is a valid seq
-        ref = seq if type(seq) is int and 0 <= seq <= kinds.SEQ.max else None
-        body: dict[str, Any] = {"code": exc.code, "reason": exc.detail[:1024], "ref_seq": ref}
-        try:  # which of the agent's incarnations it was (a spool resends several)
-            body["ref_boot"] = kinds.IDENT.check(env.get("boot"))
-        except Invalid:
-            pass
+        body: dict[str, Any] = {"code": exc.code, "reason": exc.detail[:1024], "ref_seq": None}
+        for key, spec in (("ref_seq", SEQ), ("ref_boot", IDENT)):  # the frame's seq and boot
+            try:  # (a spool resends several incarnations), echoed only when valid
+                body[key] = spec.check(env.get(key[4:]))
+            except Invalid:
+                pass
         if exc.code == "unsupported_version":
             body["supported"] = list(wire.SUPPORTED_MAJORS)
         return Outcome(reject=exc.code, replies=[self._frame("error", body, now)])

@@ -59,7 +59,7 @@ class HostState:
     status: str = "up"  # up | silent
     reports: int = 0
     last_report: dict[str, Any] = field(default_factory=dict)
-    events: deque = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
     seqs: dict[str, SeqState] = field(default_factory=dict)
     rejected: int = 0
 

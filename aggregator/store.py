@@ -101,7 +101,7 @@ class Store:
 
     def frames(self, host: str | None = None) -> list[tuple[str, str, int, str]]:
         q = "SELECT host, boot, seq, kind FROM frames"
-        args: tuple = ()
+        args: tuple[str, ...] = ()
         if host is not None:
             q += " WHERE host=?"
             args = (host,)
