@@ -19,7 +19,8 @@ connections it covers:
   timeout within `PAIR_S` (a starved receiver leaves its senders in SendWait without
   timeouts); it covers its own path and so separates such ties.
 A fabric link is named when it explains bad observations of `MIN_HOSTS` sending hosts with
-the localisation confidence. The window spans several periods of a flapping link: its NICs
+the localisation confidence, one of them a stuck connection: on the lab, NICs alone named the
+link at the other end of the same paths once in four flaps. The window spans several periods of a flapping link: its NICs
 stay bad between phases and one incident covers them all. Packet loss that reaches the
 senders' timers names its link here too: the component the loss detector names, one incident.
 A host's own NIC or cable is not reported here (carrier, hw_nic_down name it).
@@ -123,8 +124,9 @@ class OutageDetector:
             if top is not None and top.kind == "link" and topo is not None else None
         if top is None or link is None or link.kind != "fabric" or \
                 top.posterior < self.cfg.localise_confidence or \
-                len({host[k] for k in top.bad}) < MIN_HOSTS:
-            return []
+                len({host[k] for k in top.bad}) < MIN_HOSTS or \
+                not any(k[0] == "conn" for k in top.bad if isinstance(k, tuple)):
+            return []  # NICs alone: the two ends of the same paths (measured: the wrong one)
         return [self._finding(top, covers, host, beats)]
 
     def _timed_out(self, rk: Rank, t: float) -> bool:
