@@ -66,6 +66,7 @@ TRANSPORTS = ("nccl", "tcp")
 # state is `T` in the agent's owners, its peers' windows to it close, every flow goes idle
 TCP_KINDS = ("slow-node", "slow-link", "lossy-link", "slow-fabric", "hang", "sigstop")
 TCP_PORT = 29500  # the job's listening port (the rendezvous side of each connection)
+BOOT_PORT = 29600  # an NCCL job's bootstrap ring listens here (its store on TCP_PORT)
 TCP_GOODPUT = 1.2e9  # bytes/s per connection at nominal speed
 TCP_SRTT_US = 40.0
 # retransmitted segments per MB on a clean connection, and the factor a fault multiplies it by
@@ -391,6 +392,7 @@ class Simulator:
         self.faults = [self._check(f) for f in cfg.faults]
         self.addr = {h: f"10.0.{i // 250}.{i % 250 + 1}" for i, h in enumerate(names)}
         self.sockets: dict[tuple[str, str], list[int]] = {}  # (host, peer) -> acked, rcvd, retrans
+        self.boot_listed: dict[str, frozenset[str]] = {}  # host -> comms whose flows it listed
         self.clean_events: list[dict[str, Any]] = []
         self.blips: dict[int, list[tuple[str, Any]]] = {}
         # other tenants' congestion: (start, end, fabric link, direction, factor)
@@ -752,8 +754,10 @@ class Simulator:
         return encode(Frame(kind, host, self.boot[host], self.seq[host], ts, body), check)
 
     def _collectors(self) -> tuple[str, ...]:
-        return ("host", "rdma", "kmsg", "pfc", "tcp_flows" if self.cfg.transport == "tcp"
-                else "nccl")
+        if self.cfg.transport == "tcp":
+            return ("host", "rdma", "kmsg", "pfc", "tcp_flows")
+        return ("host", "rdma", "kmsg", "pfc", "nccl") + (("tcp_flows",) if self.cfg.realism
+                                                          else ())
 
     def _hello(self, host: str) -> dict[str, Any]:
         h = self.topo.hosts[host]
@@ -766,7 +770,7 @@ class Simulator:
                      for n in h.nics],
             "labels": {"leaf": h.nics[0].leaf, "sim": "1"},
         }
-        if self.cfg.transport == "tcp":  # the job's TCP runs over the first NIC's netdev
+        if self.cfg.transport == "tcp" or self.cfg.realism:  # TCP over the first NIC's netdev
             hello["netdevs"] = [{"name": n.netdev, "addrs": [f"{self.addr[host]}/16"] if i == 0
                                  else []} for i, n in enumerate(h.nics)]
         return hello
@@ -812,18 +816,22 @@ class Simulator:
         traffic: dict[str, list[int]] = {n.dev: [0, 0] for n in self.topo.hosts[host].nics}
         comms: list[dict[str, Any]] = []
         tcp = self._tcp_section([])
+        boot: list[tuple[Job, Incarnation]] = []
         for job in self.jobs_on.get(host, []):
             inc = job.current(t)
             live = inc is not None and inc.join[host] <= t and (inc.end is None or
                                                                 t < inc.exit[host])
             if live and self.cfg.transport == "nccl":
                 comms += self._comms(job, inc, host, t, traffic)  # type: ignore[arg-type]
+                boot.append((job, inc))  # type: ignore[arg-type]
             elif live:
                 tcp = self._tcp_flows(job, inc, host, t)  # type: ignore[arg-type]
         if self.cfg.transport == "tcp":
             body["tcp_flows"] = tcp
         else:
             body["nccl"] = {"comms": comms}
+            if self.cfg.realism:
+                body["tcp_flows"] = self._bootstrap(host, boot, t)
         body["rdma"] = {"ports": self._ports(host, t, traffic)}
         return body
 
@@ -962,6 +970,44 @@ class Simulator:
         state = "T" if host in stopped else "R" if busy > 0.5 else "S"
         return self._tcp_section(flows, [{"pid": job.pids[me * job.G], "state": state,
                                           "job": job.id}])
+
+    def _bootstrap(self, host: str, live: list[tuple[Job, "Incarnation"]],
+                   t: float) -> dict[str, Any]:
+        """What the tcp_flows collector sees of NCCL jobs: each rank's socket to the
+        rendezvous store on the job's first host and the bootstrap ring's socket to the next
+        host, a few KB at init and idle after. The agent lists them when processes start or
+        exit (a refresh: every tracked flow) and never otherwise; the processes are in the
+        owners every report (`T`: a rank stopped inside a collective, sigstop)."""
+        flows: list[dict[str, Any]] = []
+        owners: list[dict[str, Any]] = []
+        procs = frozenset(inc.comm for _, inc in live)
+        fresh = self.boot_listed.get(host) != procs  # started or exited: a refresh
+        self.boot_listed[host] = procs
+        for job, inc in live:
+            me = job.hosts.index(host)
+            frozen = inc.stall_since is not None and inc.stall_since <= t
+            for r in range(job.first_rank[host], job.first_rank[host] + job.G):
+                stopped = frozen and inc.inside.get(r) == "sigstop"
+                owners.append({"pid": job.pids[r], "state": "T" if stopped else "R",
+                               "job": job.id})
+                peers = [(job.hosts[0], TCP_PORT)] if me else []  # the store (c10d)
+                if r == job.first_rank[host] + job.G - 1 and len(job.hosts) > 1:
+                    peers.append((job.hosts[(me + 1) % len(job.hosts)], BOOT_PORT))
+                sport = 32768 + (len(job.incs) * 1000 + r * 2) % 28000
+                for i, (peer, dport) in enumerate(peers):
+                    flows.append({
+                        "saddr": self.addr[host], "daddr": self.addr[peer], "sport": sport + i,
+                        "dport": dport, "family": "ipv4", "netns": 4026531840,
+                        "pid": job.pids[r], "comm": "python3", "state": "ESTABLISHED",
+                        "bytes_acked": 4096, "bytes_received": 4096, "retrans_segs": 0,
+                        "bytes_acked_delta": 4096, "bytes_received_delta": 4096,
+                        "retrans_segs_delta": 0, "bytes_acked_rate": 4096 / self.cfg.interval,
+                        "bytes_received_rate": 4096 / self.cfg.interval,
+                        "srtt_us": int(TCP_SRTT_US), "cwnd": 10, "closed": False,
+                        "job": job.id})
+        section = self._tcp_section(flows if fresh else [], owners)
+        section.update(refresh=fresh, tracked=len(flows), unchanged=0 if fresh else len(flows))
+        return section
 
     @staticmethod
     def _tcp_section(flows: list[dict[str, Any]],

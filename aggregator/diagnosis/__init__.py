@@ -102,7 +102,6 @@ class Diagnosis:
             self.hardware.on_rdma(host, rdma, now)
         flows = body.get("tcp_flows")
         if isinstance(flows, dict):
-            self.model.on_tcp_flows(host, flows)
             self.tcp.on_report(host, flows, interval, now)
 
     def _event(self, host: str, body: dict[str, Any], now: float) -> None:
@@ -183,7 +182,7 @@ class Diagnosis:
                     "job": job, "hosts": hosts,
                     "ranks": max((c.nranks for c in comms), default=0),
                     "comms": [self._comm_summary(c, now) for c in comms],
-                    "flows": sum(v[0] for v in self.model.flows.get(job, {}).values()),
+                    "flows": sum(self.model.flows.get(job, {}).values()),
                     "open_incidents": sorted(open_by_job.get(job, [])),
                 })
             return out

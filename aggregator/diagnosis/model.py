@@ -3,7 +3,7 @@ and go. Built only from what each host reports about itself, stamped with the ag
 arrival clock; nothing compares timestamps across hosts."""
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Mapping, Protocol
 
@@ -162,10 +162,10 @@ class Model:
         self.topology = topology
         self.hosts: dict[str, HostInfo] = {}
         self.comms: dict[str, Comm] = {}
+        self.comm_jobs: Counter[str] = Counter()  # job -> its communicators (plugin jobs)
         self.pids: dict[tuple[str, int], tuple[str, int]] = {}  # (host, pid) -> (comm, rank)
         self.reported: dict[str, float] = {}  # host -> arrival of its latest report
-        self.flows: dict[str, dict[str, list[int]]] = {}  # job -> host -> [flows, retrans]
-        self.flow_jobs: dict[str, set[str]] = {}  # host -> jobs it has flows of (in self.flows)
+        self.flows: dict[str, dict[str, int]] = {}  # job -> host -> TCP flows tracked there
         self.addrs: dict[str, tuple[str, str | None]] = {}  # IP -> (host, netdev)
         self.max_comms = 50000  # DiagnosisConfig.max_comms
         self.evicted: list[Comm] = []  # dropped at the limit since the last expire()
@@ -225,10 +225,13 @@ class Model:
                 self._forget(oldest)
                 self.evicted.append(oldest)
             comm = self.comms[s["comm"]] = Comm(s["comm"], s.get("job"), s["nranks"], now)
+            self.comm_jobs[comm.job] += 1
         comm.last_seen = now
         comm.interval = interval
         if s.get("job") and comm.job.startswith("comm-"):
+            self._uncount(comm)
             comm.job = s["job"]
+            self.comm_jobs[comm.job] += 1
         rk = comm.ranks.get(s["rank"])
         if rk is None or rk.host != host:
             rk = comm.ranks[s["rank"]] = Rank(s["rank"], host)
@@ -338,6 +341,11 @@ class Model:
             return [(lk, None) for lk in path]
         return [(lid, links[lid].b if fwd else links[lid].a) for lid, fwd in hops]
 
+    def _uncount(self, c: Comm) -> None:
+        self.comm_jobs[c.job] -= 1
+        if self.comm_jobs[c.job] <= 0:
+            del self.comm_jobs[c.job]
+
     def exited(self, rk: Rank) -> bool:
         """Its host reported since without it: the process ended (job killed or crashed)."""
         return self.reported.get(rk.host, 0.0) > rk.listed
@@ -378,6 +386,7 @@ class Model:
 
     def _forget(self, c: Comm) -> None:
         del self.comms[c.comm]
+        self._uncount(c)
         for r in c.ranks.values():
             if r.pid is not None and self.pids.get((r.host, r.pid)) == (c.comm, r.rank):
                 del self.pids[(r.host, r.pid)]
@@ -391,23 +400,15 @@ class Model:
         job = ref[0].job if ref else f.get("job")
         return job or None
 
-    def on_tcp_flows(self, host: str, section: dict[str, Any]) -> None:
-        """Count each job's flows and retransmits on this host (job_of_flow)."""
-        per_job: dict[str, list[int]] = {}
-        for f in section.get("flows", []) or []:
-            job = self.job_of_flow(host, f)
-            if job is None:
-                continue
-            acc = per_job.setdefault(job, [0, 0])
-            acc[0] += 1
-            acc[1] += int(f.get("retrans_segs_delta", 0) or 0)
-        # only the jobs this host had flows of: the cost of a report must not grow with the
-        # number of jobs in the cluster
-        for job in self.flow_jobs.pop(host, ()):
-            self.flows.get(job, {}).pop(host, None)
-        for job, acc in per_job.items():
-            self.flows.setdefault(job, {})[host] = acc
-        self.flow_jobs[host] = set(per_job)
+    def set_flows(self, job: str, host: str, n: int) -> None:
+        """The job's TCP flows this host tracks (tcp.py keeps the flow table: agents list only
+        the flows that changed, so one report's listing is not the count)."""
+        if n > 0:
+            self.flows.setdefault(job, {})[host] = n
+        elif host in self.flows.get(job, {}):
+            del self.flows[job][host]
+            if not self.flows[job]:
+                del self.flows[job]
 
 
 def bare_addr(addr: str) -> str:

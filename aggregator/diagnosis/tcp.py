@@ -159,8 +159,11 @@ class TcpDetector:
             self._sample(host, job, saddr, daddr, acked, retrans, rtt_b, interval, now)
         self._progress(host, section, counts, moved, zero, interval, now)
         for job in before - set(counts):  # none of its flows left here
+            self.model.set_flows(job, host, 0)
             if job in self.jobs:
                 self._forget_host(self.jobs[job], host)
+        for job, n in counts.items():
+            self.model.set_flows(job, host, n)
 
     @staticmethod
     def _drop(table: dict[tuple, Flow], counts: Counter[str], key: tuple) -> None:
@@ -255,6 +258,10 @@ class TcpDetector:
                 self._forget_host(tj, host)  # its agent went away (the silent-host detector's)
             if not tj.cells and not tj.reported:
                 del self.jobs[tj.job]
+                continue
+            if tj.job in self.model.comm_jobs:
+                # the plugin reports this job (slow.py, hang.py): its TCP sockets (NCCL's
+                # bootstrap, the rendezvous store) are idle by design and say nothing
                 continue
             if tj.cells:
                 out += self._judge(tj, now)

@@ -49,6 +49,18 @@ def test_checkpoint_length_is_learned(tmp_path):
     assert res.incidents[0]["evidence"]["pause_allowance_s"] == 10.0
 
 
+def test_idle_tcp_sockets_of_a_plugin_job_are_no_hang(tmp_path):
+    """An NCCL job's store and bootstrap sockets (tcp_flows, with its processes in the owners)
+    carry a few KB at init and nothing after: the plugin reports the job, the TCP detector
+    must not read two minutes of idle sockets as a hang (it did). The agent listed them once:
+    they still count for the job (GET /jobs said 0)."""
+    sim = Simulator(SimConfig(duration=130, seed=3, **SMALL))
+    res, _ = replayed(tmp_path, sim)
+    assert res.incidents == [], [i["summary"] for i in res.incidents]
+    [job] = res.jobs
+    assert job["flows"] == 3 * 4 + 4  # 12 ranks off node000 to its store, 4 bootstrap hops
+
+
 def test_a_rank_that_stops_is_named_after_the_checkpoint_allowance(tmp_path):
     sim = Simulator(SimConfig(duration=100, seed=6, realism=False,
                               faults=[Fault("hang", "5", 15.0)], **SMALL))
@@ -105,7 +117,9 @@ def test_a_link_one_connection_crosses_is_named_as_its_path(tmp_path):
 
 def test_low_loss_one_way_is_found_from_the_nic_counters(tmp_path):
     """0.1 % loss up one fabric link slows its connections by 6 %, far below any slow
-    threshold; the receivers' out-of-sequence counts name the link and its direction."""
+    threshold; the NIC counters (the receivers' out-of-sequence counts, loss.py, or the
+    senders' ACK timeouts, outage.py, whichever names it first) name the link and its
+    direction."""
     n = crossings(9, **TREE)
     link = max(sorted({lk for lk, _ in n}), key=lambda lk: n.get((lk, "up"), 0))
     sim = Simulator(SimConfig(duration=45, seed=9, realism=False, **TREE,
@@ -114,7 +128,8 @@ def test_low_loss_one_way_is_found_from_the_nic_counters(tmp_path):
     assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
     ev = res.incidents[0]["evidence"]
     assert ev["direction"] == f"towards {link.split('-')[1]}"
-    assert ev["loss_counters"] and sc.localise_s[0] <= 30.0
+    assert (ev.get("loss_counters") or ev.get("ack_timeout_reports")) and \
+        sc.localise_s[0] <= 30.0
 
 
 def test_a_nic_at_85_percent_of_its_rate_is_named(tmp_path):

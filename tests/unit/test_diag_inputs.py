@@ -103,7 +103,7 @@ def test_tcp_flows_attach_to_the_job_of_their_process(diag):
             "bytes_acked_delta": 10, "bytes_received_delta": 10, "retrans_segs_delta": 0,
             "bytes_acked_rate": 1.0, "bytes_received_rate": 1.0, "srtt_us": 50, "cwnd": 10,
             "closed": False}
-    other = dict(flow, pid=9999)
+    other = dict(flow, pid=9999, sport=40001)  # another process's socket, no job
     tcp = {"flows": [flow, other], "omitted": 0, "tracked": 2, "map_full": 0, "drops": {},
            "drops_delta": {}}
     diag.observe(report("h1", 1, 4001, {"tcp_flows": tcp}), 11.0)

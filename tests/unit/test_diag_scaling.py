@@ -5,21 +5,32 @@ from __future__ import annotations
 from c4.aggregator.diagnosis.config import DiagnosisConfig
 from c4.aggregator.diagnosis.counters import Counters
 from c4.aggregator.diagnosis.model import Model
+from c4.aggregator.diagnosis.tcp import TcpDetector
 
 
-def _flow(pid: int, job: str, retrans: int = 0) -> dict:
-    return {"pid": pid, "job": job, "retrans_segs_delta": retrans}
+def _flow(sport: int, job: str, closed: bool = False) -> dict:
+    return {"saddr": "10.0.0.1", "sport": sport, "daddr": "10.0.0.2", "dport": 29500,
+            "pid": sport, "job": job, "closed": closed, "bytes_acked": 0, "retrans_segs": 0,
+            "srtt_us": 40, "bytes_acked_delta": 0, "bytes_received_delta": 0,
+            "retrans_segs_delta": 0}
 
 
-def test_tcp_flow_counts_follow_a_host_across_jobs() -> None:
+def test_tcp_flow_counts_follow_the_agents_changed_only_listing() -> None:
+    """Agents list only the flows that changed: an idle flow keeps counting for its job and
+    host (GET /jobs, the jobs an event on that host hits) until it closes or a full refresh
+    leaves it out. Before, a report that did not list a job's flows dropped the job there."""
     m = Model(None)
-    m.on_tcp_flows("h1", {"flows": [_flow(1, "a", 2), _flow(2, "a"), _flow(3, "b", 1)]})
-    m.on_tcp_flows("h2", {"flows": [_flow(1, "a")]})
-    assert m.flows == {"a": {"h1": [2, 2], "h2": [1, 0]}, "b": {"h1": [1, 1]}}
-    m.on_tcp_flows("h1", {"flows": [_flow(4, "c")]})  # job a and b ended on h1
-    assert m.flows == {"a": {"h2": [1, 0]}, "b": {}, "c": {"h1": [1, 0]}}
-    m.on_tcp_flows("h1", {"flows": []})
-    assert m.flows["c"] == {} and m.flows["a"] == {"h2": [1, 0]}
+    tcp = TcpDetector(DiagnosisConfig(), m)
+    tcp.on_report("h1", {"flows": [_flow(1, "a"), _flow(2, "a"), _flow(3, "b")]}, 1.0, 1.0)
+    tcp.on_report("h2", {"flows": [_flow(1, "a")]}, 1.0, 1.0)
+    assert m.flows == {"a": {"h1": 2, "h2": 1}, "b": {"h1": 1}}
+    tcp.on_report("h1", {"flows": []}, 1.0, 2.0)  # nothing changed: nothing ended
+    assert m.flows == {"a": {"h1": 2, "h2": 1}, "b": {"h1": 1}}
+    assert m.jobs_on_host("h1") == ["a", "b"]
+    tcp.on_report("h1", {"flows": [_flow(2, "a", closed=True), _flow(4, "c")]}, 1.0, 3.0)
+    assert m.flows == {"a": {"h1": 1, "h2": 1}, "b": {"h1": 1}, "c": {"h1": 1}}
+    tcp.on_report("h1", {"flows": [_flow(4, "c")], "refresh": True, "omitted": 0}, 1.0, 4.0)
+    assert m.flows == {"a": {"h2": 1}, "c": {"h1": 1}}
 
 
 def test_nic_counters_keep_only_the_roce_signals() -> None:
