@@ -103,6 +103,7 @@ class Diagnosis:
         flows = body.get("tcp_flows")
         if isinstance(flows, dict):
             self.tcp.on_report(host, flows, interval, now)
+            self.outage.on_flows(host, flows, now)
 
     def _event(self, host: str, body: dict[str, Any], now: float) -> None:
         if body["type"] == "nccl_stall":

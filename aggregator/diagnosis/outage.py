@@ -8,7 +8,7 @@ What an outage leaves on the hosts (measured on the lab's fabric, docs/lab.md):
   each outage. A lossless fabric, a hung rank, a straggler or a CPU hiccup cause none;
 - sometimes (when no other channel keeps the communicator progressing for `C4_STALL_MS`) a
   stall message, whose connections in SendWait are the stuck ones.
-Two kinds of observation vote together (localise.rank), each through the components of the
+Three kinds of observation vote together (localise.rank), each through the components of the
 connections it covers:
 - a sending NIC: bad when it counted ACK timeouts in `MIN_BEATS` reports of the last
   `WINDOW_S` seconds (once may be one lost tail), clear when it sent data and counted none,
@@ -17,16 +17,26 @@ connections it covers:
   leaf's hosts receive by), so NICs alone often tie between two links;
 - a stuck connection: in SendWait in a stall message while its sender's NIC counted an ACK
   timeout within `PAIR_S` (a starved receiver leaves its senders in SendWait without
-  timeouts); it covers its own path and so separates such ties.
+  timeouts); it covers its own path and so separates such ties;
+- a TCP flow (the agents' eBPF `tcp_flows`: a TCP job, or the lab's ring): bad when it
+  retransmitted in `MIN_BEATS` reports of the window each within `PAIR_S` of an ACK timeout
+  (retransmits away from every timeout are congestion drops), clear when it moved data with
+  none; it covers its own path (the path map's for its NIC pair). Only bulk senders count:
+  the path map knows a connection's data direction, not the 5-tuple its replies hash on.
+  A flap's down phases stall the ring too briefly for stall messages, but every flow whose
+  path crosses the link retransmits in each phase (measured on the lab: docs/lab.md).
 A fabric link is named when it explains bad observations of `MIN_HOSTS` sending hosts with
-the localisation confidence, one of them a stuck connection: on the lab, NICs alone named the
-link at the other end of the same paths once in four flaps. The window spans several periods of a flapping link: its NICs
-stay bad between phases and one incident covers them all. Packet loss that reaches the
-senders' timers names its link here too: the component the loss detector names, one incident.
+the localisation confidence, with per-connection evidence among them (a stuck connection, or
+retransmitting flows of `MIN_HOSTS` hosts): on the lab, NICs alone named the link at the
+other end of the same paths once in four flaps. The window spans several periods of a
+flapping link: its observations stay bad between phases and one incident covers them all.
+Packet loss that reaches the senders' timers names its link here too: the component the
+loss detector names, one incident.
 A host's own NIC or cable is not reported here (carrier, hw_nic_down name it).
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter, deque
 from typing import Any, Hashable
 
@@ -36,7 +46,7 @@ from . import localise
 from .config import DiagnosisConfig
 from .counters import port_rates
 from .findings import Finding
-from .model import Cell, Comm, Model, Rank
+from .model import Cell, Comm, Model, Rank, bare_addr
 from .slow import describe, nic_path
 
 COUNTER = "local_ack_timeout_err"
@@ -44,8 +54,28 @@ WINDOW_S = 30.0  # evidence window: several periods of a flapping link
 MIN_BEATS = 2  # reports with ACK timeouts within the window that make a sending NIC bad
 PAIR_S = 3.0  # a stall message and its sender's ACK timeouts (counters lag a report or two)
 MIN_HOSTS = 2  # sending hosts whose bad observations the named link must explain
+FLOW_RETRANS = 2  # retransmits in a report that count (one is a congestion drop's, mostly)
+FLOW_REPORTS = 64  # retransmitting reports kept per flow (more than a window's worth)
 
-Conn = tuple[Comm, Cell]
+FlowKey = tuple[str, str, int, str, int]  # host, saddr, sport, daddr, dport
+
+
+class FlowCell:
+    """A bulk TCP sender (eBPF tcp_flows): when it last moved data, the reports in which it
+    retransmitted, and what its path passes through (the path map's, by NIC pair)."""
+
+    __slots__ = ("job", "moved", "retrans", "tag", "comps", "src", "dst")
+
+    def __init__(self, job: str | None, now: float) -> None:
+        self.job = job
+        self.moved = now
+        self.retrans: deque[float] = deque(maxlen=FLOW_REPORTS)
+        self.tag: tuple | None = None
+        self.comps: list[localise.Component] = []
+        self.src = self.dst = ""
+
+
+Conn = tuple[Comm | None, Cell | FlowCell]  # a plugin connection or a flow (no comm)
 
 
 class OutageDetector:
@@ -55,6 +85,8 @@ class OutageDetector:
         self.beats: dict[str, deque[float]] = {}  # NIC endpoint -> reports with ACK timeouts
         # comm -> (arrival, rank, peer) of connections in SendWait in a stall message
         self.waits: dict[str, deque[tuple[float, int, int]]] = {}
+        self.flows: dict[FlowKey, FlowCell] = {}
+        self.swept = 0.0  # last expiry of idle flows
 
     def on_rdma(self, host: str, section: dict[str, Any], interval: float, now: float) -> None:
         for port in section.get("ports", []):
@@ -66,6 +98,24 @@ class OutageDetector:
         for w in attrs.get("waiting", []):
             if w["dir"] == "send" and w["state"] == "SendWait" and w["peer"] != rk.rank:
                 q.append((now, rk.rank, w["peer"]))
+
+    def on_flows(self, host: str, section: dict[str, Any], now: float) -> None:
+        """Bulk senders (acked `tcp_min_bytes` in a report) and their retransmitting reports;
+        a socket that only sends acks and credits back is left out: the path map knows the
+        data direction of a connection, not the 5-tuple its replies hash on."""
+        floor = self.cfg.tcp_min_bytes
+        for f in section.get("flows") or ():
+            key = (host, f["saddr"], f["sport"], f["daddr"], f["dport"])
+            fc = self.flows.get(key)
+            if f["closed"]:
+                self.flows.pop(key, None)
+                continue
+            if f["bytes_acked_delta"] >= floor:
+                if fc is None:
+                    fc = self.flows[key] = FlowCell(self.model.job_of_flow(host, f), now)
+                fc.moved = now
+            if fc is not None and f["retrans_segs_delta"] >= FLOW_RETRANS:
+                fc.retrans.append(now)
 
     def _expire(self, start: float) -> None:
         for nic in list(self.beats):
@@ -80,6 +130,10 @@ class OutageDetector:
                 q.popleft()
             if not q or cid not in self.model.comms:
                 del self.waits[cid]
+        if start - self.swept >= WINDOW_S:  # idle flows (closes missed): once a window
+            self.swept = start
+            for key in [k for k, fc in self.flows.items() if fc.moved < start]:
+                del self.flows[key]
 
     def tick(self, now: float) -> list[Finding]:
         start = now - WINDOW_S
@@ -113,6 +167,17 @@ class OutageDetector:
                 covers[key] = [(comm, got)]
                 host[key] = rk.host
                 bad.add(key)
+        times = sorted(b for q in self.beats.values() for b in q)
+        for fk, fc in self.flows.items():
+            if fc.moved < start or not self._flow_path(fk, fc):
+                continue
+            n = sum(1 for t in fc.retrans if t >= start and _near(times, t))
+            if n >= MIN_BEATS or n == 0:
+                obs = ("flow",) + fk
+                covers[obs] = [(None, fc)]
+                host[obs] = fk[0]
+                if n:
+                    bad.add(obs)
         if len({host[k] for k in bad}) < MIN_HOSTS:
             return []
         cells = {k: sorted({c for _, cell in conns for c in cell.comps})
@@ -125,7 +190,7 @@ class OutageDetector:
         if top is None or link is None or link.kind != "fabric" or \
                 top.posterior < self.cfg.localise_confidence or \
                 len({host[k] for k in top.bad}) < MIN_HOSTS or \
-                not any(k[0] == "conn" for k in top.bad if isinstance(k, tuple)):
+                not _per_connection(top, host, covers):
             return []  # NICs alone: the two ends of the same paths (measured: the wrong one)
         return [self._finding(top, covers, host, beats)]
 
@@ -133,24 +198,44 @@ class OutageDetector:
         nics = [rk.nic] if rk.nic else [n for n in self.beats if n.partition("/")[0] == rk.host]
         return any(abs(b - t) <= PAIR_S for n in nics for b in self.beats.get(n, ()))
 
+    def _flow_path(self, fk: FlowKey, fc: FlowCell) -> bool:
+        """Whether the flow's path is known (fc.comps set): both ends' hosts and NICs from
+        their addresses, the path the topology or C4P's map gives that NIC pair."""
+        host = fk[0]
+        own = self.model.addrs.get(bare_addr(fk[1]), (host, None))
+        peer = self.model.addrs.get(bare_addr(fk[3]))
+        if peer is None or peer[0] == host:
+            return False
+        tag = (peer[0], self.model.nic_of_netdev(host, own[1]),
+               self.model.nic_of_netdev(peer[0], peer[1]))
+        if fc.tag != tag:
+            fc.src, fc.dst = host, peer[0]
+            fc.comps = self.model.path_components(host, tag[1], peer[0], tag[2])[1]
+            fc.tag = tag
+        return True
+
     def _finding(self, top: localise.Hypothesis, covers: dict[Hashable, list[Conn]],
                  host: dict[Hashable, str], beats: dict[str, int]) -> Finding:
         comp = next(c for k in top.bad for _, cell in covers[k] for c in cell.comps
                     if (c[0], c[1]) == (top.kind, top.id))
         conns = list({id(c): (m, c) for k in top.bad for m, c in covers[k]
                       if comp in c.comps}.values())
-        jobs = Counter(m.job for m, _ in conns)
+        jobs = Counter(c.job if isinstance(c, FlowCell) else m.job if m is not None else None
+                       for m, c in conns)
         job = jobs.most_common(1)[0][0] if jobs else None
-        comm = next((m for m, _ in conns if m.job == job), None)
+        comm = next((m for m, _ in conns if m is not None and m.job == job), None)
         path = nic_path(comm, [(c.src, c.dst) for m, c in conns]) \
             if comm is not None and all(m is comm for m, _ in conns) else None
         suspects, named, aliases = localise.name(top, path)
         nics = sorted(str(k[1]) for k in top.bad if isinstance(k, tuple) and k[0] == "nic")
         stuck = sorted(f"{k[2]}->{k[3]}" for k in top.bad if isinstance(k, tuple) and k[0] == "conn")
+        flows = sorted(f"{k[1]} {k[2]}:{k[3]}->{k[4]}:{k[5]}" for k in top.bad
+                       if isinstance(k, tuple) and k[0] == "flow")
         hosts = sorted({host[k] for k in top.bad})
         ev: dict[str, Any] = {
             "ack_timeout_reports": {n: beats[n] for n in nics[:16]},  # per NIC, in the window
             "stuck_connections": stuck[:16],  # in SendWait in stall messages, timed out
+            "retransmitting_flows": flows[:16],  # eBPF tcp_flows, retransmits at the timeouts
             "sending_hosts": hosts[:16],
             "observations_through_suspect": top.n_all,
             "connections": sorted({f"{c.src}->{c.dst}" for _, c in conns})[:16],
@@ -160,10 +245,39 @@ class OutageDetector:
         summary = (f"{len(hosts)} hosts' connections across one link hit ACK timeouts "
                    f"(traffic blackholed or dropped: a link down, flapping or losing packets) "
                    f"in the last {WINDOW_S:.0f}s: {len(nics)} NIC(s) repeatedly, "
-                   f"{len(stuck)} connection(s) stuck in stall messages; "
+                   f"{len(stuck)} connection(s) stuck in stall messages, {len(flows)} TCP "
+                   f"flow(s) retransmitting at the timeouts; "
                    f"{top.n_all - top.n_bad} observation(s) through it clean; suspect: "
                    f"{describe(suspects[0], self.cfg.localise_confidence)}")
-        first = min(min(self.beats[n]) for n in nics) if nics else min(
-            t for q in self.waits.values() for t, _, _ in q)
+        first = min((min(self.beats[n]) for n in nics), default=None)
+        if first is None:
+            first = min((t for q in self.waits.values() for t, _, _ in q),
+                        default=min((t for fc in self.flows.values() for t in fc.retrans),
+                                    default=0.0))
         return Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
                        first, aliases=aliases)
+
+
+def _near(times: list[float], t: float) -> bool:
+    """Whether an ACK timeout (sorted `times`) was counted within PAIR_S of `t`: a flow's
+    retransmits away from every timeout are congestion drops, not an outage."""
+    i = bisect_left(times, t - PAIR_S)
+    return i < len(times) and times[i] <= t + PAIR_S
+
+
+def _per_connection(top: localise.Hypothesis, host: dict[Hashable, str],
+                    covers: dict[Hashable, list[Conn]]) -> bool:
+    """Whether per-connection evidence alone names the link: a stuck connection or
+    retransmitting flows of MIN_HOSTS hosts, and the top's link the only fabric link every
+    one of them crosses (connections of one leaf pair all cross both ends of their paths:
+    measured, a link down named the far end from those with the NICs' votes)."""
+    keys = [k for k in top.bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
+    if not any(k[0] == "conn" for k in keys) and \
+            len({host[k] for k in keys if k[0] == "flow"}) < MIN_HOSTS:
+        return False
+    common: set[str] | None = None
+    for k in keys:
+        links = {localise.link_name(c[1])[0] for _, cell in covers[k] for c in cell.comps
+                 if c[0] == "link" and c[3] == localise.PRIO_FABRIC}
+        common = links if common is None else common & links
+    return common == {localise.link_name(top.id)[0]}

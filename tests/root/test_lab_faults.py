@@ -2,20 +2,33 @@
 fabric, alone (no other incident open), within the diagnosis targets (hang <= 10 s, a slow or
 lossy link <= 30 s). Each test builds its own lab (fixture) and tears it down.
 
-Timings are not asserted beyond the targets; bench/lab measures them."""
+The agents also run eBPF tcp_flows (`c4 lab up --ebpf`): a flapping link is named from the
+flows that retransmit in its down phases. Timings are not asserted beyond the targets;
+bench/lab measures them."""
 from __future__ import annotations
 
+from typing import Iterator
 
 import pytest
 
-from c4.lab import faults, runs
+from c4.lab import control, faults, runs
 from c4.lab.state import LabState
 
-from ._lab import others_open, wait_named
+from ._lab import new_prefix, others_open, wait_named
 
 pytestmark = pytest.mark.root
 LINK_S = 30.0
 HANG_S = 10.0
+
+
+@pytest.fixture
+def lab() -> Iterator[LabState]:
+    """The default lab with eBPF tcp_flows on every agent, removed whatever the test did."""
+    prefix = new_prefix()
+    try:
+        yield control.up(None, prefix, control.DEFAULT_COLLECTORS + ("tcp_flows",))
+    finally:
+        control.down(prefix)
 
 
 def busiest_link(st: LabState, rid: str) -> str:
@@ -51,13 +64,12 @@ def test_fabric_link_down_names_the_link(lab: LabState, ring: str) -> None:
     _named_alone(lab, f, LINK_S)
 
 
-@pytest.mark.xfail(strict=False, reason="1 s down / 3 s up: each down phase blackholes the "
-                   "connections crossing the link for ~1.4 s (one RTO backoff), too short for "
-                   "a stall message in most phases; the senders' ACK timeouts alone often tie "
-                   "between the link and the one at the other end of the same paths until a "
-                   "phase separates them; a link is named only with a stuck connection "
-                   "among its evidence: replays of 4 recorded flaps (bench/lab --record), 1 "
-                   "named at 36 s; the target is 30 s")
+# Flap (1 s down / 3 s up): each down phase stalls the ring too briefly for a stall message,
+# and the NICs' ACK timeouts alone tie between the link and the one at the other end of the
+# same ring paths; every flow whose path crosses the link retransmits in each phase (eBPF
+# tcp_flows), which separates them: replays of 2 recorded flaps named in 6.5 and 7.7 s.
+
+
 def test_flapping_fabric_link_names_the_link(lab: LabState, ring: str) -> None:
     f = faults.inject(lab, "flap", busiest_link(lab, ring), {"down_s": 1.0, "up_s": 3.0})
     _named_alone(lab, f, LINK_S)

@@ -1,14 +1,15 @@
 """C4D's outage detector (aggregator/diagnosis/outage.py) on recordings of the real lab
 (tests/fixtures/lab: `bench/lab --record`, the ring job on the default 8-host fabric): a
-fabric link taken down, a link flapping 1 s down / 3 s up, and clean traffic, replayed
-through ingest and diagnosis with the lab aggregator's thresholds."""
+fabric link taken down (agents without eBPF), a link flapping 1 s down / 3 s up and clean
+traffic (agents with eBPF tcp_flows), replayed through ingest and diagnosis with the lab
+aggregator's thresholds."""
 from __future__ import annotations
 
 import json
 import lzma
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.replay import replay
@@ -22,6 +23,21 @@ def unpack(name: str, tmp: Path) -> tuple[Path, dict[str, Any]]:
     rec.write_bytes(lzma.decompress((LAB / f"{name}.c4rec.xz").read_bytes()))
     shutil.copyfile(LAB / "topology.json", f"{rec}.topology.json")
     return rec, json.loads((LAB / f"{name}.c4rec.truth.json").read_text())
+
+
+def rewrite(rec: Path, edit: Callable[[dict[str, Any]], object]) -> None:
+    """Apply `edit` to the body of every report in the recording, in place."""
+    frames = []
+    for data in record.read(rec):
+        f = wire.decode(data)
+        if f.kind == "report":
+            edit(f.body)
+            data = wire.encode(f)
+        frames.append(data)
+    rec.unlink()
+    with record.Writer(rec) as w:
+        for data in frames:
+            w.write(data)
 
 
 def run(rec: Path, truth: dict[str, Any]) -> list[dict[str, Any]]:
@@ -45,11 +61,23 @@ def test_link_down_is_named_within_seconds(tmp_path: Path) -> None:
     assert "ACK timeouts" in incidents[0]["summary"]
 
 
-def test_flapping_link_is_named_once(tmp_path: Path) -> None:
-    rec, truth = unpack("04-flap-leaf01-spine01", tmp_path)
+def test_flapping_link_is_named_once_from_retransmitting_flows(tmp_path: Path) -> None:
+    rec, truth = unpack("02-flap-leaf01-spine01", tmp_path)
     incidents = run(rec, truth)
-    assert list(named_after(incidents, truth)) == ["leaf01-spine01"], incidents
+    got = named_after(incidents, truth)
+    assert list(got) == ["leaf01-spine01"], incidents
+    assert got["leaf01-spine01"] <= 30.0  # issue 11's target for a link
     assert len(incidents) == 1  # ten down phases, one incident
+    assert incidents[0]["evidence"]["retransmitting_flows"]
+
+
+def test_flap_without_flows_is_not_named_in_time(tmp_path: Path) -> None:
+    """The same flap with the agents' tcp_flows sections removed: the NICs' ACK timeouts
+    alone cover both ends of the same ring paths, and no down phase stalled the ring long
+    enough for a stall message, so nothing names the link within the 30 s target."""
+    rec, truth = unpack("02-flap-leaf01-spine01", tmp_path)
+    rewrite(rec, lambda body: body.pop("tcp_flows", None))
+    assert all(t > 30.0 for t in named_after(run(rec, truth), truth).values())
 
 
 def test_clean_traffic_raises_nothing(tmp_path: Path) -> None:
@@ -62,20 +90,14 @@ def test_stall_messages_without_ack_timeouts_name_no_link(tmp_path: Path) -> Non
     behind a starved receiver) are no outage; the link is named only once the stall outlasts
     the hang floor (comm_hang), if it does."""
     rec, truth = unpack("01-down-leaf03-spine00", tmp_path)
-    frames = []
-    for data in record.read(rec):
-        f = wire.decode(data)
-        if f.kind == "report" and f.body.get("rdma"):
-            for port in f.body["rdma"]["ports"]:
-                for key in ("counters", "deltas", "rates"):
-                    if key in port:
-                        port[key]["local_ack_timeout_err"] = 0
-            data = wire.encode(f)
-        frames.append(data)
-    rec.unlink()
-    with record.Writer(rec) as w:
-        for data in frames:
-            w.write(data)
+
+    def no_timeouts(body: dict[str, Any]) -> None:
+        for port in (body.get("rdma") or {}).get("ports", []):
+            for key in ("counters", "deltas", "rates"):
+                if key in port:
+                    port[key]["local_ack_timeout_err"] = 0
+
+    rewrite(rec, no_timeouts)
     incidents = run(rec, truth)
     assert not any("ACK timeouts" in i["summary"] for i in incidents), incidents
     assert all(t >= 5.0 for t in named_after(incidents, truth).values()), incidents
