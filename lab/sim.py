@@ -977,18 +977,18 @@ class Simulator:
         rendezvous store on the job's first host and the bootstrap ring's socket to the next
         host, a few KB at init and idle after. The agent lists them when processes start or
         exit (a refresh: every tracked flow) and never otherwise; the processes are in the
-        owners every report (`T`: a rank stopped inside a collective, sigstop)."""
+        owners every report (`T` from a sigstop on)."""
         flows: list[dict[str, Any]] = []
         owners: list[dict[str, Any]] = []
         procs = frozenset(inc.comm for _, inc in live)
         fresh = self.boot_listed.get(host) != procs  # started or exited: a refresh
         self.boot_listed[host] = procs
-        for job, inc in live:
+        sigstop = {self.rank_ref(int(f.target)) for f in self.faults
+                   if f.kind == "sigstop" and f.active(t)}
+        for job, _ in live:
             me = job.hosts.index(host)
-            frozen = inc.stall_since is not None and inc.stall_since <= t
             for r in range(job.first_rank[host], job.first_rank[host] + job.G):
-                stopped = frozen and inc.inside.get(r) == "sigstop"
-                owners.append({"pid": job.pids[r], "state": "T" if stopped else "R",
+                owners.append({"pid": job.pids[r], "state": "T" if (job, r) in sigstop else "R",
                                "job": job.id})
                 peers = [(job.hosts[0], TCP_PORT)] if me else []  # the store (c10d)
                 if r == job.first_rank[host] + job.G - 1 and len(job.hosts) > 1:

@@ -102,6 +102,7 @@ class Diagnosis:
             self.hardware.on_rdma(host, rdma, now)
         flows = body.get("tcp_flows")
         if isinstance(flows, dict):
+            self.model.on_owners(host, flows.get("owners") or [], now)
             self.tcp.on_report(host, flows, interval, now)
             self.outage.on_flows(host, flows, now)
 

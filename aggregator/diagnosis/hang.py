@@ -17,7 +17,7 @@ from c4.core import ordinals
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
-from .model import PAUSE_MARGIN, Comm, Model, Rank
+from .model import PAUSE_MARGIN, STOPPED, Comm, Model, Rank
 from .slow import describe, matrix, nic_path
 
 STUCK_SHARE = 0.5  # a send connection that spent this share of the interval in SendWait
@@ -69,12 +69,16 @@ class HangDetector:
         # move: SIGSTOP, a process stuck in the kernel with its plugin), twice in a row: a
         # busy agent misses one of a live process's datagrams now and then. Its last summary
         # is stale, so it does not say which op the job waits in.
+        # A rank whose process its agent saw stopped (T, tcp_flows.owners) is missing too.
         live: list[Rank] = []
         missing: list[Rank] = []
+        stopped: list[Rank] = []
         for r in comm.ranks.values():
+            if r.proc is not None and r.proc[0] in STOPPED and now - r.proc[1] <= stale:
+                stopped.append(r)
             gone = now - r.seen > stale or self.model.exited(r) or (
                 r.inflight is not None and r.listed - r.seen >= FROZEN_INTERVALS * comm.interval)
-            (missing if gone else live).append(r)
+            (missing if gone or stopped and stopped[-1] is r else live).append(r)
         thr = self.threshold(comm)
         # the first collective: ranks start it as they finish loading
         first = max(thr, self.cfg.startup_grace_s)
@@ -88,6 +92,11 @@ class HangDetector:
             # stall threshold) of ranks on at least two other hosts. A late rank, a
             # checkpoint writer or a slow job shows no such thing: their summaries move.
             early, stalled = self._pointed_missing(comm, live, missing)
+            if not early and stopped:
+                # nothing legitimate stops a training process: named once a live rank has
+                # waited an interval for it, not at the threshold
+                stalled = [r for r in live if r.inflight and _age(r, now) >= comm.interval]
+                early = stopped if stalled else []
             if not early:
                 self._recovered(comm)
                 return []
@@ -111,6 +120,8 @@ class HangDetector:
                               "seq": wseq, "func": stalled[0].inflight.get("func")}  # type: ignore[union-attr]
         if ahead:
             ev["ahead_ranks"] = sorted(ahead)[:32]
+        if stopped:
+            ev["stopped_ranks"] = sorted(r.rank for r in stopped)[:32]
         if early:  # named by the evidence, not the clock: only the ranks it points at
             ev["early"] = True
             return self._noncomm(comm, early, early, stalled, ev, first)
@@ -236,7 +247,9 @@ class HangDetector:
             e = dict(ev, culprit_ranks=[r.rank for r in ranks][:32], missing_ranks=gone[:32],
                      suspect_seq_completed=min(seqs) if seqs else None,
                      stall_events_pointing=sum(pointed[r.rank] for r in ranks))
-            how = ("stopped reporting" if len(gone) == len(ranks) else "never entered"
+            stop = set(ev.get("stopped_ranks", ()))
+            how = ("is stopped (T: a signal or a debugger)" if all(r.rank in stop for r in ranks)
+                   else "stopped reporting" if len(gone) == len(ranks) else "never entered"
                    if any(ordinals.behind(r.seq_started, r.inflight, ev["seq"]) for r in ranks)
                    else "is stuck inside (its peers wait on it, it waits on its GPU)")
             summary = (f"rank {r0.rank} on {host} {how} {ev['func']} seq {ev['seq']}"

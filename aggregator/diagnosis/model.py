@@ -24,6 +24,7 @@ class HostInfo:
 
 
 PACE_REPORTS = 9
+STOPPED = ("T", "t")  # /proc state of a process stopped by a signal or a tracer
 # a job's next checkpoint may last this much longer than the longest pause it recovered from
 # (the NCCL and the TCP hang detectors' learned allowance)
 PAUSE_MARGIN = 1.5
@@ -45,7 +46,7 @@ class PathSource(Protocol):
 class Rank:
     __slots__ = ("rank", "host", "pid", "dev", "nic", "seen", "listed", "seq_started",
                  "seq_completed", "inflight", "sends", "peers", "ew", "op", "strag", "stall",
-                 "fresh", "pace", "period", "gpu_fault")
+                 "fresh", "pace", "period", "gpu_fault", "proc")
 
     def __init__(self, rank: int, host: str) -> None:
         self.rank = rank
@@ -68,6 +69,9 @@ class Rank:
         self.pace: deque[float] = deque(maxlen=PACE_REPORTS)  # seconds per op, per report
         self.period: float | None = None  # median of pace: a partial interval cannot move it
         self.gpu_fault: float | None = None  # aggregator clock of an Xid that named its GPU
+        # (its process's /proc state letter, arrival) from tcp_flows.owners, where its host
+        # tracks a TCP socket of it (NCCL's bootstrap, the rendezvous store)
+        self.proc: tuple[str, float] | None = None
 
 
 class SlowWindow:
@@ -349,6 +353,14 @@ class Model:
     def exited(self, rk: Rank) -> bool:
         """Its host reported since without it: the process ended (job killed or crashed)."""
         return self.reported.get(rk.host, 0.0) > rk.listed
+
+    def on_owners(self, host: str, owners: list[dict[str, Any]], now: float) -> None:
+        """The state of the processes owning a host's TCP sockets (tcp_flows.owners), kept on
+        the ranks they are (a stopped rank is named without waiting for its peers' timers)."""
+        for o in owners:
+            ref = self.rank_of_pid(host, o["pid"])
+            if ref is not None:
+                ref[1].proc = (o["state"], now)
 
     def rank_of_pid(self, host: str, pid: int | None) -> tuple[Comm, Rank] | None:
         ref = self.pids.get((host, pid)) if pid is not None else None

@@ -34,12 +34,11 @@ from typing import Any
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
-from .model import PACE_REPORTS, PAUSE_MARGIN, Model, SlowWindow, ballot, bare_addr
+from .model import PACE_REPORTS, PAUSE_MARGIN, STOPPED, Model, SlowWindow, ballot, bare_addr
 from .slow import FRESH_INTERVALS, describe
 from .stats import lower_baseline, median
 
 PROGRESS_BYTES = 4096  # a host's report that moved less on a job's flows: no progress there
-STOPPED = ("T", "t")  # /proc state of a process stopped by a signal or a tracer
 MAX_CULPRIT_HOSTS = 4  # beyond this, "everyone is behind someone": not localised
 
 # metric -> (floor before the log: values below it are "none", unit in summaries)

@@ -61,6 +61,19 @@ def test_idle_tcp_sockets_of_a_plugin_job_are_no_hang(tmp_path):
     assert job["flows"] == 3 * 4 + 4  # 12 ranks off node000 to its store, 4 bootstrap hops
 
 
+def test_a_rank_its_agent_sees_stopped_is_named_within_seconds(tmp_path):
+    """SIGSTOP inside a collective: the agent's owners show the rank's process `T` (its
+    store socket is tracked). Nothing legitimate stops a training process, so it is named
+    once a peer has waited an interval, not at the plugin's stall threshold (5-6 s before)."""
+    sim = Simulator(SimConfig(duration=45, seed=3, faults=[Fault.parse("sigstop:6@20")],
+                              **SMALL))
+    res, sc = replayed(tmp_path, sim)
+    assert sc.named == 1 and sc.false_incidents == 0, (sc.misses, sc.wrong)
+    assert sc.localise_s[0] <= 3.5
+    [inc] = res.incidents
+    assert inc["evidence"]["stopped_ranks"] == [6] and "is stopped (T" in inc["summary"]
+
+
 def test_a_rank_that_stops_is_named_after_the_checkpoint_allowance(tmp_path):
     sim = Simulator(SimConfig(duration=100, seed=6, realism=False,
                               faults=[Fault("hang", "5", 15.0)], **SMALL))
