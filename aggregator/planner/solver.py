@@ -168,6 +168,7 @@ class _State:
         self.touched: set[int] = set()  # flows placed or lifted since the state was set up
         self.budget = 0
         self.stop = float("inf")  # improve's deadline: the ejection chains stop at it too
+        self.frugal = False  # chains for the fewest moves (insert), not the lowest level
 
     def place(self, f: int, k: int) -> None:
         d = self.d[f]
@@ -312,6 +313,8 @@ class _State:
         `free` are tried first; flows in `busy` are already moving in this chain."""
         inv, load = self.inv, self.load
         while load[a] * inv[a] >= limit:
+            if self.frugal and self._direct(a, limit, free, journal, busy):
+                continue
             flows = sorted((f for f in self.on[a] if f not in busy),
                            key=lambda f: (f not in free, -self.d[f], f))
             moved = False
@@ -356,6 +359,30 @@ class _State:
             if not moved:
                 return False
         return True
+
+    def _direct(self, a: int, limit: float, free: set[int], journal: list[tuple[int, int]],
+                busy: set[int]) -> bool:
+        """One move off arc `a` that overloads nothing: a flow of `free` first (it counts
+        once), then the smallest flow that alone brings `a` below `limit` (the large ones
+        are the hard ones to place), then the largest."""
+        excess = self.load[a] - limit / self.inv[a]
+        d = self.d
+        flows = sorted((f for f in self.on[a] if f not in busy), key=lambda f: (
+            f not in free, d[f] <= excess, d[f] if d[f] > excess else -d[f], f))
+        inv, load = self.inv, self.load
+        for f in flows:
+            cur = self.assign[f]
+            mine = self.var[f][cur]
+            for k, p in enumerate(self.var[f]):
+                if k == cur or a in p:
+                    continue
+                self.budget -= 1
+                if all(b in mine or (load[b] + d[f]) * inv[b] < limit for b in p):
+                    journal.append((f, cur))
+                    self.lift(f)
+                    self.place(f, k)
+                    return True
+        return False
 
     def _undo(self, journal: list[tuple[int, int]], mark: int) -> None:
         while len(journal) > mark:
@@ -404,7 +431,11 @@ class _State:
         self.place(f, k)
         self.budget = 500
         over = [a for a in self.var[f][k] if self.load[a] * self.inv[a] >= limit]
-        return all(self._relieve(a, limit, free, journal, 2, {f}) for a in over)
+        self.frugal = True
+        try:
+            return all(self._relieve(a, limit, free, journal, 2, {f}) for a in over)
+        finally:
+            self.frugal = False
 
     def improve(self, deadline: float, free: set[int] | None = None, depth: int = 3,
                 target: float = 0.0) -> bool:
@@ -785,6 +816,7 @@ class Engine:
         if st.max_util() > level + EPS or len(st.moved(prev)) > len(first):
             st.reassign({f: prev[f] for f in st.moved(prev)})
             st.reassign(first)
+            st.restore(prev, deadline)
         if len(st.moved(prev)) > len(displaced) and time.perf_counter() < deadline - 2 * TAIL:
             st.fewest_moves(prev, deadline - TAIL)
         return _result(st, prev, t0)
@@ -805,7 +837,8 @@ def replan(inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
 # -- MILPs (HiGHS) ----------------------------------------------------------------------------
 def sub_milp(st: _State, free: Sequence[int], level: float | None,
              prev: Sequence[int] | None, integral: bool, deadline: float,
-             hold: float | None = None) -> tuple[float, dict[int, int], bool] | None:
+             hold: float | None = None,
+             warm_start: bool = True) -> tuple[float, dict[int, int], bool] | None:
     """Re-place the flows in `free` over their candidates, every other flow where it is.
     `level` None: minimise the maximum utilisation (returned); with `hold`, arcs the fixed
     flows alone keep at `hold` or above only must not rise above it and are left out of the
@@ -815,7 +848,8 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     previous path are one integer class. Returns the value (the maximum over the arcs the
     free flows may use, or the number of moves), each free flow's candidate (integral only)
     and whether HiGHS proved it optimal; None when it finds no solution by `deadline`
-    (perf_counter; setting the model up counts)."""
+    (perf_counter; setting the model up counts). `warm_start`: hand HiGHS the flows' present
+    candidates as a first solution (when every free flow has one)."""
     if deadline <= time.perf_counter() or not free:
         return None
     inst = st.inst
@@ -895,7 +929,8 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     if integral:
         h.setOptionValue("mip_rel_gap", 1e-6)
     h.passModel(lp)
-    if integral and all(k >= 0 for k in (st.assign[f] for f in free)):
+    started = integral and warm_start and all(k >= 0 for k in (st.assign[f] for f in free))
+    if started:
         sol = highspy.HighsSolution()
         sol.col_value = warm
         h.setSolution(sol)
@@ -904,7 +939,12 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
         return None
     optimal = h.modelStatusToString(h.getModelStatus()) == "Optimal"
     x = h.getSolution().col_value
-    obj = float(h.getInfo().objective_function_value) + (0 if minmax else len(free))
+    reported = float(h.getInfo().objective_function_value)
+    if started and abs(float(np.dot(cost, x)) - reported) > 1e-6 * max(1.0, abs(reported)):
+        # HiGHS (1.16) can report a better incumbent than the solution it hands back (the
+        # start it was given): solve again without the start
+        return sub_milp(st, free, level, prev, integral, deadline, hold, warm_start=False)
+    obj = reported + (0 if minmax else len(free))
     if not integral:
         return obj, {}, optimal
     new: dict[int, int] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -196,6 +197,26 @@ def test_highs_writes_nothing_to_the_aggregators_stdout():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout == "0.5\n"
+
+
+def test_fewest_moves_takes_the_solution_highs_reports_not_the_start_it_was_given():
+    # found by the property test below: given the flows' present paths as a start, HiGHS
+    # 1.16 reported 4 moves but handed back the start (5 moves)
+    g = 15e9
+    demand = [37.5e9, g, g, 37.5e9, g, 25e9, g, g, g, 50e9, 25e9, g, 50e9] + [g] * 12
+    a, b, c, d = [(4, 13), (6, 15)], [(0, 9), (2, 11)], [(8, 1), (10, 3)], [(10, 19)]
+    cand = [[(32, 74, 67, 1), (34, 90, 83, 3)], a, b, c, b, c, b, b, b, [(48, 33), (50, 35)],
+            [(2, 82, 91, 35)], c, [(48, 41), (50, 43)], a, d, a, c, a, b,
+            [(40, 33), (42, 35)], a, a, b, b, b]
+    inst = solver.Instance(np.full(96, 25e9), np.array(demand), cand)
+    prev = [-1, 0, 1, 1, 1, 0, 0, 0, 1, 1, -1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 1]
+    st = solver.Engine().state(inst)
+    st.place_all([0, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 1])
+    st.touched = set(range(inst.flows))
+    assert len(st.moved(prev)) == 5 and st.max_util() == pytest.approx(3.4)
+    st.fewest_moves(prev, time.perf_counter() + 20.0)
+    assert len(st.moved(prev)) == 4 == solver.min_moves(inst, prev, 3.4)
+    assert st.max_util() <= 3.4 + 1e-9
 
 
 def test_a_level_that_cannot_be_cleared_moves_nothing():
