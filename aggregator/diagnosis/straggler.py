@@ -33,10 +33,16 @@ class StragglerDetector:
                 continue
             peers = [ew[p] for p in r.peers if p in ew]
             flag = False
+            late_op = None if m_op is None or r.op is None else m_op - r.op
             if peers:
                 pmin = min(peers)
                 flag = (pmin >= cfg.straggler_min_wait_s
-                        and pmin >= cfg.straggler_ratio * max(m_ew, r.ew, 1e-9))  # type: ignore[type-var]
+                        and pmin >= cfg.straggler_ratio * max(m_ew, r.ew, 1e-9)  # type: ignore[type-var]
+                        # Others' collectives last until the straggler arrives; its own do
+                        # not. Judged per report like the waits: a rank sharing the
+                        # straggler's peers shows their waits in every report, and now and
+                        # then a short collective (a partial interval)
+                        and (late_op is None or late_op >= 0.5 * (pmin - r.ew)))  # type: ignore[operator]
             r.strag.append(flag)
             while len(r.strag) > cfg.straggler_window:
                 r.strag.popleft()
@@ -44,10 +50,6 @@ class StragglerDetector:
             if hits < cfg.straggler_persist or not flag:
                 continue
             pmin = min(peers)
-            # Others' collectives last until the straggler arrives; its own do not.
-            late_op = None if m_op is None or r.op is None else m_op - r.op
-            if late_op is not None and late_op < 0.5 * (pmin - r.ew):  # type: ignore[operator]
-                continue  # its peers wait on someone else (a rank sharing them)
             conf = 0.5 + 0.5 * hits / len(r.strag)
             if late_op is None:
                 conf *= 0.85
