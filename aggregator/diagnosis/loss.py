@@ -118,7 +118,7 @@ class LossDetector:
                 (m, c) for m, c in e.conns.values()
                 if now - c.seen <= fresh and self._through(m, c, key)  # type: ignore[arg-type]
                 and self.model.components(m, c) is not None]
-            return sorted({x for _, c in conns for x in c.comps}) or None
+            return list(dict.fromkeys(x for _, c in conns for x in c.comps)) or None
 
         # an end that counts loss now but not persistently is evidence of neither
         bad, cells = ballot(live, self.cfg.slow_persist, self.cfg.slow_hold_s,

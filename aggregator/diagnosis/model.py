@@ -30,6 +30,7 @@ STOPPED = ("T", "t")  # /proc state of a process stopped by a signal or a tracer
 PAUSE_MARGIN = 1.5
 MARGINAL_REPORTS = 20
 LEARNED_REFRESH_S = 5.0  # a learned path (C4P's probes) is looked up again this often
+_TOPOLOGY_PATH = object()  # Cell.tag: the connection's path is the topology's
 
 
 class PathSource(Protocol):
@@ -283,11 +284,16 @@ class Model:
         s, d = comm.ranks.get(cell.src), comm.ranks.get(cell.dst)
         if s is None or d is None:
             return None
-        tag = (s.host, s.nic, d.host, d.nic, self.learned_path(s.host, s.nic, d.host, d.nic))
-        if cell.tag == tag:
+        ends = (s.host, s.nic, d.host, d.nic)
+        tag = cell.tag
+        # a path from the topology stays; a learned one is looked up again (LEARNED_REFRESH_S)
+        if tag is not None and tag[0] == ends and (
+                tag[1] is _TOPOLOGY_PATH or tag[1] == self.learned_path(*ends)):
             return cell.comps
-        cell.path, cell.comps = self.path_components(s.host, s.nic, d.host, d.nic)
-        cell.tag = tag
+        cell.path, cell.comps = self.path_components(*ends)
+        static = self.topology is not None and self.topology.path(
+            s.host, d.host, _dev(s.nic), _dev(d.nic)) is not None
+        cell.tag = (ends, _TOPOLOGY_PATH if static else self.learned_path(*ends))
         return cell.comps
 
     def learned_path(self, s_host: str, s_nic: str | None, d_host: str,
