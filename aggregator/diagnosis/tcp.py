@@ -258,13 +258,12 @@ class TcpDetector:
             if not tj.cells and not tj.reported:
                 del self.jobs[tj.job]
                 continue
-            if tj.job in self.model.comm_jobs:
-                # the plugin reports this job (slow.py, hang.py): its TCP sockets (NCCL's
-                # bootstrap, the rendezvous store) are idle by design and say nothing
-                continue
             if tj.cells:
                 out += self._judge(tj, now)
-            out += self._hang(tj, now)
+            if tj.job not in self.model.comm_jobs:
+                # a job the plugin reports is hung or not by its collectives (hang.py): its
+                # bootstrap and store sockets are idle by design, its data may use RDMA
+                out += self._hang(tj, now)
         return out
 
     # -- hangs ----------------------------------------------------------------------------
