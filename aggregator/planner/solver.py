@@ -60,6 +60,7 @@ EPS = 1e-9
 CHUNK = 128  # flows scored per array step in the greedy
 HOOD = 1500  # flows one large-neighbourhood MILP may re-place
 MOVERS = 3000  # flows the MILP for the fewest moves takes without a neighbourhood
+WHOLE = 4096  # flows up to which a plan asks HiGHS for a placement at the whole-flow bound
 TAIL = 0.015  # seconds a re-plan keeps after its MILP for taking the answer over
 
 
@@ -168,7 +169,7 @@ class _State:
         self.touched: set[int] = set()  # flows placed or lifted since the state was set up
         self.budget = 0
         self.stop = float("inf")  # improve's deadline: the ejection chains stop at it too
-        self.frugal = False  # chains for the fewest moves (insert), not the lowest level
+        self.frugal = False  # insert's chains try one harmless move first (`_direct`)
 
     def place(self, f: int, k: int) -> None:
         d = self.d[f]
@@ -392,12 +393,21 @@ class _State:
             if k >= 0:
                 self.place(f, k)
 
-    def insert(self, flows: Sequence[int], level: float, deadline: float) -> bool:
+    def insert(self, flows: Sequence[int], level: float, deadline: float,
+               direct: bool = False) -> bool:
         """Place each of `flows` (unplaced; largest first) on the candidate that needs the
         fewest other flows moved to keep every arc at or below `level`: what the placement
         overloads is relieved by ejection chains that move `flows` and already moved flows
-        first (they count once however often they move). False when some flow fits nowhere
+        first (they count once however often they move); `direct`: a link is first relieved
+        by one move that overloads nothing (`_direct`). False when some flow fits nowhere
         at `level`; it then goes where its busiest arc ends lowest."""
+        self.frugal = direct
+        try:
+            return self._insert(flows, level, deadline)
+        finally:
+            self.frugal = False
+
+    def _insert(self, flows: Sequence[int], level: float, deadline: float) -> bool:
         free = set(flows)
         limit = level + max(EPS, level * 1e-9)
         ok = True
@@ -431,11 +441,7 @@ class _State:
         self.place(f, k)
         self.budget = 500
         over = [a for a in self.var[f][k] if self.load[a] * self.inv[a] >= limit]
-        self.frugal = True
-        try:
-            return all(self._relieve(a, limit, free, journal, 2, {f}) for a in over)
-        finally:
-            self.frugal = False
+        return all(self._relieve(a, limit, free, journal, 2, {f}) for a in over)
 
     def improve(self, deadline: float, free: set[int] | None = None, depth: int = 3,
                 target: float = 0.0) -> bool:
@@ -567,6 +573,17 @@ class _State:
             self.improve(deadline)
         if prev is not None:
             self.restore(prev)
+
+    def whole(self, deadline: float, prev: Sequence[int] | None) -> None:
+        """Where whole flows bound the maximum above the LP (a few large flows share few
+        links: `cut_bound`) and the plan is above that bound, ask HiGHS for a placement of
+        every flow at the bound, moving the fewest from `prev`."""
+        bound = _cut_bound(self)
+        if self.max_util() <= bound + EPS:
+            return
+        got = sub_milp(self, range(self.inst.flows), bound, None, True, deadline)
+        if got is not None:
+            self.reassign(got[1])
 
     def fewest_moves(self, prev: Sequence[int], deadline: float) -> None:
         """Replace the moves made so far by the fewest that keep every arc at or below the
@@ -762,6 +779,8 @@ class Engine:
         # the search from scratch gets half of what is left when the current placement
         # competes
         mid = deadline if not complete else (time.perf_counter() + deadline) / 2
+        if inst.flows <= WHOLE:
+            st.whole(mid, current)
         st.search(mid, current)
         best = _result(st, current, t0)
         self.last = st
@@ -803,9 +822,19 @@ class Engine:
         st.restore(prev)
         level = st.max_util()
         first = {f: st.assign[f] for f in st.moved(prev)}
-        # the same level again, each displaced flow where the fewest others must move
-        st.reassign({f: prev[f] for f in first})
-        fits = st.insert(displaced, level, t0 + budget_s * 2 / 3)
+        # the same level again, each displaced flow where the fewest others must move: with
+        # and without trying a harmless move first (each wins on some fabrics), the better
+        # one kept
+        tries = []
+        for i, direct in enumerate((True, False)):
+            st.reassign({f: prev[f] for f in st.moved(prev)})
+            fits = st.insert(displaced, level, t0 + budget_s * (4 + i) / 9, direct)
+            tries.append((not fits, len(st.moved(prev)), i,
+                          {f: st.assign[f] for f in st.moved(prev)}))
+        best = min(tries)
+        fits = not best[0]
+        st.reassign({f: prev[f] for f in st.moved(prev)})
+        st.reassign(best[3])
         if search or not (stuck and fits):
             # pass 1 stopped at a level it could not clear: a second try is left out unless a
             # full plan asks for it or the insertion missed the level
@@ -986,6 +1015,60 @@ def lp_bound(inst: Instance, time_limit: float = 60.0) -> float | None:
 def milp_optimum(inst: Instance, time_limit: float = 60.0) -> float | None:
     """The integral optimum, None when HiGHS does not prove it within `time_limit`."""
     return _bound(inst, True, time_limit)
+
+
+def cut_bound(inst: Instance) -> float:
+    """A lower bound on the integral optimum that the LP relaxation misses: flows are whole.
+    Where a flow's candidates all have the same number of varying arcs, each step of them
+    (the first uplink, the downlink to the destination leaf, ...) takes exactly one arc of
+    a set; arcs that share such a set join one cut (a leaf's uplinks in every plane, a
+    destination leaf's downlinks). The flows with a step inside a cut are packed whole onto
+    its m arcs (of one capacity), on top of the load each carries anyway: whichever arcs they
+    may use, some arc gets k + 1 of the k*m + 1 largest, so at least the smallest k + 1 of
+    those, plus the least load an arc of the cut carries anyway. The largest such bound over
+    the cuts and k is returned (0.0: none)."""
+    return _cut_bound(Engine().state(inst))
+
+
+def _cut_bound(st: _State) -> float:
+    inst = st.inst
+    parent: dict[int, int] = {}
+
+    def root(a: int) -> int:
+        while parent.setdefault(a, a) != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    steps: list[tuple[int, int]] = []  # (flow, step)
+    for f in range(inst.flows):
+        var = st.var[f]
+        if len(var) < 2 or len({len(p) for p in var}) != 1:
+            continue
+        for j in range(len(var[0])):
+            steps.append((f, j))
+            for p in var[1:]:
+                parent[root(p[j])] = root(var[0][j])
+    cuts: dict[int, set[int]] = {}  # cut -> the flows with a step inside it
+    for f, j in steps:
+        cuts.setdefault(root(st.var[f][0][j]), set()).add(f)
+    members: dict[int, list[int]] = {}
+    for a in parent:
+        members.setdefault(root(a), []).append(a)
+    fixed = np.asarray(st.fixed)
+    best = 0.0
+    for cut, mine in cuts.items():
+        arcs = members[cut]
+        cap = inst.cap[arcs]
+        if np.ptp(cap) > 0:
+            continue
+        m = len(arcs)
+        d = np.sort(inst.demand[list(mine)])[::-1]
+        floor = float(fixed[arcs].min())
+        for k in range(1, len(d) // m + 1):
+            if k * m < len(d):
+                best = max(best, (floor + float(d[k * m - k:k * m + 1].sum())) / cap[0])
+    return best
 
 
 def min_moves(inst: Instance, prev: Sequence[int], level: float,

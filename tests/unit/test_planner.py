@@ -249,6 +249,25 @@ def test_plan_equals_the_integral_optimum_on_small_fabrics(sc):
         assert r.max_util == pytest.approx(opt, rel=1e-6)
 
 
+def test_whole_flows_bound_the_optimum_above_the_lp():
+    # three equal flows over two links: the LP splits them (1.5), whole flows cannot (2.0)
+    inst = solver.Instance(np.ones(2), np.ones(3), [[(0,), (1,)]] * 3)
+    assert solver.lp_bound(inst) == pytest.approx(1.5)
+    assert solver.cut_bound(inst) == pytest.approx(2.0) == solver.milp_optimum(inst)
+
+
+@SETTINGS
+@given(scenario())
+def test_the_whole_flow_bound_never_exceeds_the_integral_optimum(sc):
+    topo, flows, pm, health = sc
+    b = build(topo, flows, pm, health, 0.0)
+    if b.inst is None:
+        return
+    opt = solver.milp_optimum(b.inst, 20.0)
+    if opt is not None:
+        assert solver.cut_bound(b.inst) <= opt + 1e-9
+
+
 @st.composite
 def crowded(draw):
     """Oversubscribed fabrics, 10-40 flows of unequal demand, several known ports each: a
