@@ -1,6 +1,6 @@
 """`c4 lab gloo`: a real job nobody here wrote. PyTorch DistributedDataParallel trains a small
 MLP with the gloo backend across the lab's hosts, one rank per host, no plugin: c4 sees it
-only through the agents' eBPF `tcp_flows` (lab up --ebpf). Needs the `lab` extra (torch).
+only through the agents' eBPF `tcp_flows` (on unless `lab up --no-ebpf`). Needs the `lab` extra (torch).
 
 Each rank is `python -m c4.lab.gloo RUN_DIR RANK` in its host's namespace and cgroup, with
 C4_JOB_ID set (how the agent attaches its flows to the job). Rank 0 logs steps.jsonl like

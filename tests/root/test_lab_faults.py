@@ -2,7 +2,7 @@
 fabric, alone (no other incident open), within the diagnosis targets (hang <= 10 s, a slow or
 lossy link <= 30 s). Each test builds its own lab (fixture) and tears it down.
 
-The agents also run eBPF tcp_flows (`c4 lab up --ebpf`): a flapping link is named from the
+The agents also run eBPF tcp_flows (as `c4 lab up` does by default): a flapping link is named from the
 flows that retransmit in its down phases. Timings are not asserted beyond the targets;
 bench/lab measures them."""
 from __future__ import annotations

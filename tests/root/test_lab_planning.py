@@ -1,5 +1,5 @@
 """C4P on the lab (issue 12): 2 hosts under different leaves, 2 spines, 100 Mbit/s fabric links,
-the aggregator and the agents (eBPF tcp_flows) as `c4 lab up --ebpf` runs them.
+the aggregator and the agents (eBPF tcp_flows) as `c4 lab up` runs them (eBPF on by default).
 
 - path discovery: the agent's prober traces fixed 5-tuples and the topology maps the answers
   to links; real traffic with each 5-tuple crosses the spine the trace named, as the leaf's

@@ -32,9 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="topology JSON (c4/core/topology.py) or a shipped name: default (8 "
                    "hosts, 4 leaves, 2 spines), hosts16, rails2, leaves2")
     prefix_arg(q)
-    q.add_argument("--ebpf", action="store_true",
-                   help="also run the agents' eBPF tcp_flows collector (needed for jobs "
-                   "without the plugin, such as `c4 lab gloo`; compiling it costs CPU)")
+    q.add_argument("--ebpf", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the agents' eBPF tcp_flows collector (default; needed for jobs "
+                   "without the plugin, such as `c4 lab gloo`, and to name a flapping link; "
+                   "--no-ebpf saves the ~3 s and the CPU of compiling it)")
     q.add_argument("--interval", type=float, default=1.0, help="agent report interval (s)")
     q.add_argument("--json", action="store_true", help="print the lab's state as JSON")
     q.set_defaults(func=_up)
@@ -83,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = lab.add_parser("gloo", help="run a PyTorch DDP job (gloo backend, no plugin)",
                        description="Train a small MLP with PyTorch DistributedDataParallel over "
                        "gloo across the lab's hosts, one rank per host, without the c4 plugin: "
-                       "c4 sees it through eBPF flows only (start the lab with --ebpf). Needs "
+                       "c4 sees it through eBPF flows only (not with `lab up --no-ebpf`). Needs "
                        "the `lab` extra (torch).")
     prefix_arg(q)
     q.add_argument("--steps", type=int, default=20, help="training steps (0: until stopped)")
