@@ -164,6 +164,10 @@ class _State:
                                              minlength=n_arcs)
         self.fixed_util = float(np.max(self.fixed / inst.cap)) if n_arcs else 0.0
         self.load = self.fixed.tolist()
+        # `load` as an array, kept up to date at the arcs moves touched since (`dirty`):
+        # a re-plan asks for the utilisation again and again, over 60,000 arcs at 16,384 GPUs
+        self.arr: np.ndarray | None = None
+        self.dirty: set[int] = set()
         self.assign = [-1] * inst.flows
         self.on = _On()
         self.touched: set[int] = set()  # flows placed or lifted since the state was set up
@@ -176,6 +180,7 @@ class _State:
         for a in self.var[f][k]:
             self.load[a] += d
             self.on[a].add(f)
+        self.dirty.update(self.var[f][k])
         self.assign[f] = k
         self.touched.add(f)
 
@@ -185,6 +190,7 @@ class _State:
         for a in self.var[f][k]:
             self.load[a] -= d
             self.on[a].discard(f)
+        self.dirty.update(self.var[f][k])
         self.assign[f] = -1
         self.touched.add(f)
 
@@ -195,6 +201,7 @@ class _State:
             self.assign[f] = assign[f]
         load = np.asarray(self.load)
         self.load = self._add(keep, load).tolist()
+        self.arr = None
         self._index(keep)
 
     def _add(self, flows: Sequence[int], load: np.ndarray) -> np.ndarray:
@@ -216,8 +223,18 @@ class _State:
                 self.on[a].add(f)
 
     def util(self) -> np.ndarray:
-        u: np.ndarray = np.asarray(self.load) / self.inst.cap
+        u: np.ndarray = self.loads() / self.inst.cap
         return u
+
+    def loads(self) -> np.ndarray:
+        """`load` as an array (shared: callers copy before changing it)."""
+        if self.arr is None:
+            self.arr = np.asarray(self.load)
+        elif self.dirty:
+            idx = list(self.dirty)
+            self.arr[idx] = [self.load[a] for a in idx]
+        self.dirty = set()
+        return self.arr
 
     def max_util(self) -> float:
         return max(float(np.max(self.util(), initial=0.0)), self.fixed_util)
@@ -242,7 +259,7 @@ class _State:
         into rounds of flows that share no arc, and a round is scored in one array step."""
         pad = len(self.inv)
         bad = pad + 1  # fills missing candidates: infinitely loaded
-        load = np.asarray(self.load + [0.0, np.inf])
+        load = np.concatenate([self.loads(), [0.0, np.inf]])
         inv = np.asarray(self.inv + [0.0, 1.0])
         todo = [f for f in flows if len(self.var[f]) > 1]
         for f in flows:
@@ -301,6 +318,7 @@ class _State:
                 if dirty.any():
                     queue = np.concatenate([idx[dirty], queue])
         self.load = load[:pad].tolist()
+        self.arr = None
         self._index(flows)
         self.touched.update(flows)
 
@@ -591,11 +609,11 @@ class _State:
         moved flows' neighbourhood when those are too many), every other flow fixed."""
         moved = self.moved(prev)
         level = self.max_util()
-        free = self.movers(moved, level, MOVERS)
+        # a wider set solves faster when there is time to set it up
+        wide = deadline - time.perf_counter() > 0.2
+        free = self.movers(moved, level, MOVERS if wide else 400)
         if free is None:
-            # a wider neighbourhood solves faster when there is time to set it up
-            wide = HOOD if deadline - time.perf_counter() > 0.2 else 400
-            free = self.hood(moved, max(4 * len(moved), wide), level)
+            free = self.hood(moved, max(4 * len(moved), HOOD if wide else 400), level)
         got = sub_milp(self, free, level, prev, True, deadline)
         if got is None:
             return
@@ -614,7 +632,7 @@ class _State:
         has to move: taking it off its path frees only arcs that cannot overflow. None when
         the set grows past `most`."""
         limit = level * (1 + 1e-9) + EPS
-        load = np.asarray(self.load)
+        load = self.loads().copy()
         cap = self.inst.cap
         out = dict.fromkeys(moved)
         reach = np.zeros(len(load))  # per arc: demand of the set's flows that could use it
@@ -634,8 +652,8 @@ class _State:
                     if g not in out:
                         out[g] = None
                         todo.append(g)
-            if len(out) > most:
-                return None
+                if len(out) > most:
+                    return None
         return list(out)
 
 def _usable(inst: Instance, prev: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -711,6 +729,7 @@ class Engine:
             st.inv = (1.0 / inst.cap).tolist()
         st.fixed_util = float(np.max(st.fixed / inst.cap))
         st.inst = inst
+        st.arr = None  # loads changed in place above
         return st
 
     def _swap(self, st: _State, f: int, cand: list[tuple[int, ...]] | None, d: float) -> None:
@@ -884,7 +903,7 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     inst = st.inst
     scale = 1.0 / float(np.max(inst.cap))
     cap = inst.cap * scale
-    rest = np.asarray(st.load) * scale
+    rest = st.loads() * scale
     classes: dict[tuple[int, float, int], list[int]] = {}
     for f in free:
         k = st.assign[f]
@@ -913,7 +932,7 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
         lower.append(st.fixed_util)  # no arc goes below its fixed load
         upper.append(highspy.kHighsInf)
         cost.append(1.0)
-        warm.append(float(np.max(np.asarray(st.load)[arc_of[live]] * scale / cap[arc_of[live]],
+        warm.append(float(np.max(st.loads()[arc_of[live]] * scale / cap[arc_of[live]],
                                  initial=st.fixed_util)))
     cols: list[tuple[list[int], int]] = []
     for c, ((_, dem, pk), members) in enumerate(classes.items()):
