@@ -101,8 +101,10 @@ class Incidents:
                 # NIC): two faults, not a cause and its symptom
             inc = cand
             break
-        if inc is None and not sure:  # a vague sign of a fault already named
-            inc = self._open_for([s.key for s in f.suspects] + list(f.aliases))
+        if inc is None and not sure:  # a vague sign of a fault already named (a path:
+            # also the hosts and NICs it joins, when one of them is the named fault)
+            inc = self._open_for([s.key for s in f.suspects] + list(f.aliases) +
+                                 _path_ends(top))
         if inc is None:
             inc = self._cause_of(f)
         if inc is None:
@@ -301,6 +303,18 @@ class Incidents:
 
     def open(self) -> list[Incident]:
         return [i for i in self.mem.values() if i.state != "resolved"]
+
+
+def _path_ends(top: Any) -> list[str]:
+    """Incident keys of the hosts and NICs at the ends of a path suspect
+    (`HOST/DEV->HOST/DEV` or `HOST->HOST`)."""
+    if top is None or top.kind != "path":
+        return []
+    out = []
+    for end in top.id.split("->"):
+        host, slash, _ = end.partition("/")
+        out += ([f"nic:{end}"] if slash else []) + [f"host:{host}"]
+    return out
 
 
 def _is_scope(key: str) -> bool:

@@ -61,6 +61,23 @@ def test_unlocalised_symptom_adopts_its_culprit_when_it_becomes_clear(db):
     assert other.id != clear.id
 
 
+def test_a_path_that_ends_at_a_named_host_or_nic_is_that_fault(db):
+    """A slow host's connections can leave a pair that no single component explains (named as
+    their path, not localised); the path ends at the host already named: one incident per
+    fault (the quick corpus opened a second one). A path between other hosts is another."""
+    inc = make(db, localise_persist=1)
+    node = inc.report(finding(sid="node001", host="node001"), 100)
+    path = inc.report(finding(conf=0.31, kind="path", sid="node000->node001", host=None), 101)
+    assert path.id == node.id and len(inc.open()) == 1
+    nic = inc.report(finding(kind="nic", sid="node005/mlx5_1", host="node005"), 102)
+    path = inc.report(finding(conf=0.3, kind="path", sid="node005/mlx5_1->node004/mlx5_1",
+                              host=None), 103)
+    assert path.id == nic.id and len(inc.open()) == 2
+    other = inc.report(finding(conf=0.31, kind="path", sid="node002/mlx5_0->node003/mlx5_0",
+                               host=None), 104)
+    assert other.id not in (node.id, nic.id)
+
+
 def test_two_components_in_one_comm_are_two_incidents(db):
     inc = make(db)
     a = inc.report(finding(sid="node003", host="node003"), 100)
