@@ -103,6 +103,7 @@ class Diagnosis:
         flows = body.get("tcp_flows")
         if isinstance(flows, dict):
             self.model.on_owners(host, flows.get("owners") or [], now)
+            self.model.on_socks(host, flows, self.cfg.tcp_min_bytes)
             self.tcp.on_report(host, flows, interval, now)
             self.outage.on_flows(host, flows, now)
 

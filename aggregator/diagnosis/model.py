@@ -24,13 +24,15 @@ class HostInfo:
 
 
 PACE_REPORTS = 9
+USAGE_REPORTS = 16  # a stall's first samples may go: any window inside it tells idle from busy
 STOPPED = ("T", "t")  # /proc state of a process stopped by a signal or a tracer
 # a job's next checkpoint may last this much longer than the longest pause it recovered from
 # (the NCCL and the TCP hang detectors' learned allowance)
 PAUSE_MARGIN = 1.5
 MARGINAL_REPORTS = 20
 LEARNED_REFRESH_S = 5.0  # a learned path (C4P's probes) is looked up again this often
-_TOPOLOGY_PATH = object()  # Cell.tag: the connection's path is the topology's
+_TOPOLOGY_PATH = object()  # a placed connection's tag: its path is the topology's
+Sock = tuple[str, int, str, int]  # a TCP connection as its sender sees it: saddr, sport, daddr, dport
 
 
 class PathSource(Protocol):
@@ -38,6 +40,15 @@ class PathSource(Protocol):
 
     def learned_path(self, src: str, dst: str, now: float) -> tuple[str, ...] | None:
         """The one path the live flows NIC src -> NIC dst take (None: unknown, or several)."""
+
+    def port_path(self, src: str, dst: str, proto: str, dport: int, sport: int,
+                  now: float) -> tuple[str, ...] | None:
+        """The path one source port of NIC src -> NIC dst takes (`proto` tcp or roce), as
+        probes learned it: where a connection on a planned port really runs (None: unknown)."""
+
+    def paths_version(self) -> Hashable:
+        """Changes whenever what port_path answers may have (a path learned or forgotten, a
+        plan applied)."""
 
     def request_probe(self, src: str, dst: str, now: float) -> bool:
         """Trace the live flows src -> dst soon, within the prober's rate limits; False when
@@ -47,7 +58,7 @@ class PathSource(Protocol):
 class Rank:
     __slots__ = ("rank", "host", "pid", "dev", "nic", "seen", "listed", "seq_started",
                  "seq_completed", "inflight", "sends", "peers", "ew", "op", "strag", "stall",
-                 "fresh", "pace", "period", "gpu_fault", "proc")
+                 "fresh", "pace", "period", "gpu_fault", "proc", "usage")
 
     def __init__(self, rank: int, host: str) -> None:
         self.rank = rank
@@ -73,6 +84,9 @@ class Rank:
         # (its process's /proc state letter, arrival) from tcp_flows.owners, where its host
         # tracks a TCP socket of it (NCCL's bootstrap, the rendezvous store)
         self.proc: tuple[str, float] | None = None
+        # (arrival, its process's CPU seconds, bytes written), same source, both known:
+        # whether an idle rank runs or writes (a checkpoint) over a stall (hang.py)
+        self.usage: deque[tuple[float, float, int]] = deque(maxlen=USAGE_REPORTS)
 
 
 class SlowWindow:
@@ -135,7 +149,7 @@ class Cell(SlowWindow):
         self.seen = -1e18
         self.path: list[str] | None = None
         self.comps: list[Component] = []
-        self.tag: tuple | None = None  # the endpoints `comps` was computed for
+        self.tag: tuple | None = None  # what `path` and `comps` were computed from (place)
         # log(value / the communicator's baseline) of its recent reports (marginal slowness)
         self.devs: deque[float] = deque(maxlen=MARGINAL_REPORTS)
 
@@ -174,9 +188,21 @@ class Model:
         self.addrs: dict[str, tuple[str, str | None]] = {}  # IP -> (host, netdev)
         self.max_comms = 50000  # DiagnosisConfig.max_comms
         self.evicted: list[Comm] = []  # dropped at the limit since the last expire()
-        self.paths: PathSource | None = None  # learned paths, where the topology has none
+        self.paths: PathSource | None = None  # learned paths: of ports, of NIC pairs
         self.now = 0.0
         self.learned: dict[tuple[str, str], tuple[tuple[str, ...] | None, float]] = {}
+        # (src NIC, dst NIC, dport, sport) -> (its learned path, looked up at, paths_version)
+        self.port_paths: dict[tuple[str, str, int, int],
+                              tuple[tuple[str, ...] | None, float, Hashable]] = {}
+        self.paths_seen: Hashable = None  # paths_version() when the caches were filled
+        # the hosts' TCP connections (tcp_flows): host -> sock -> (owner pid, sends bulk
+        # data), and each process's: (host, pid) -> socks
+        self.socks: dict[str, dict[Sock, tuple[int, bool]]] = {}
+        self.pid_socks: dict[tuple[str, int], set[Sock]] = {}
+        for th in topology.hosts.values() if topology is not None else ():
+            for nic in th.nics:  # sockets' NICs before (or without) the hosts' hellos
+                if nic.addr and nic.netdev:
+                    self.addrs[nic.addr] = (th.name, nic.netdev)
 
     # -- hosts ----------------------------------------------------------------------------
     def host(self, name: str) -> HostInfo:
@@ -284,17 +310,71 @@ class Model:
         s, d = comm.ranks.get(cell.src), comm.ranks.get(cell.dst)
         if s is None or d is None:
             return None
-        ends = (s.host, s.nic, d.host, d.nic)
-        tag = cell.tag
-        # a path from the topology stays; a learned one is looked up again (LEARNED_REFRESH_S)
-        if tag is not None and tag[0] == ends and (
-                tag[1] is _TOPOLOGY_PATH or tag[1] == self.learned_path(*ends)):
-            return cell.comps
-        cell.path, cell.comps = self.path_components(*ends)
-        static = self.topology is not None and self.topology.path(
-            s.host, d.host, _dev(s.nic), _dev(d.nic)) is not None
-        cell.tag = (ends, _TOPOLOGY_PATH if static else self.learned_path(*ends))
-        return cell.comps
+        return self.place(cell, s.host, s.nic, d.host, d.nic, self.rank_socks(s, d))
+
+    def place(self, conn: Any, s_host: str, s_nic: str | None, d_host: str, d_nic: str | None,
+              socks: tuple[Sock, ...] = ()) -> list[Component]:
+        """A connection's components (kept in its `path`, `comps` and `tag`), recomputed
+        when its ends, its sockets or their paths change (a learned path is looked up
+        again every LEARNED_REFRESH_S, and at once when C4P's paths change)."""
+        key = (s_host, s_nic, d_host, d_nic, socks, self._paths_fresh() if socks else None)
+        tag = conn.tag
+        if tag is not None and tag[0] == key and tag[1] is _TOPOLOGY_PATH:
+            return conn.comps
+        path, static = self.route(s_host, s_nic, d_host, d_nic, socks)
+        if tag is None or tag[0] != key or tag[1] != path:
+            conn.path, conn.comps = self.path_components(s_host, s_nic, d_host, d_nic, path)
+            conn.tag = (key, _TOPOLOGY_PATH if static else path)
+        return conn.comps
+
+    def route(self, s_host: str, s_nic: str | None, d_host: str, d_nic: str | None,
+              socks: tuple[Sock, ...] = ()) -> tuple[list[str] | None, bool]:
+        """(the fabric path a connection takes, whether the topology alone says so). Each
+        socket runs where C4P's map puts its source port (after a plan, the planned port's
+        path, not the NIC pair's default one); a socket whose port the map does not know,
+        and a connection with no known socket, on the topology's path for the NIC pair, or
+        the one learned for the pair where the topology has none. None: unknown, or its
+        sockets take different paths (no one path to vote on)."""
+        path = self.topology.path(s_host, d_host, _dev(s_nic), _dev(d_nic)) \
+            if self.topology is not None else None
+        static = path is not None
+        if path is None:
+            learned = self.learned_path(s_host, s_nic, d_host, d_nic)
+            path = list(learned) if learned else None
+        if not socks or self.paths is None:
+            return path, static
+        base = tuple(path) if path else None
+        got = {self.sock_path(s_nic, d_nic, k) or base for k in socks}
+        one = got.pop() if len(got) == 1 else None
+        return (list(one) if one else None), static and one == base
+
+    def sock_path(self, s_nic: str | None, d_nic: str | None,
+                  sock: Sock) -> tuple[str, ...] | None:
+        """The path C4P's map learned for a TCP socket's source port, between the NICs its
+        addresses belong to (else s_nic, d_nic); looked up again every LEARNED_REFRESH_S
+        and when C4P's paths change. A path once learned stays while the map forgets it:
+        C4P drops the paths through a link with an incident (it plans around them), but the
+        connections on them run there until it moves them, and a moved connection is a new
+        socket (its new port)."""
+        src = self.nic_of_addr(sock[0]) or s_nic
+        dst = self.nic_of_addr(sock[2]) or d_nic
+        if self.paths is None or not src or not dst:
+            return None
+        key = (src, dst, sock[3], sock[1])
+        got = self.port_paths.get(key)
+        if got is None or got[2] != self.paths_seen or self.now - got[1] >= LEARNED_REFRESH_S:
+            path = self.paths.port_path(src, dst, "tcp", sock[3], sock[1], self.now)
+            got = self.port_paths[key] = (path or (got[0] if got else None), self.now,
+                                          self.paths_seen)
+        return got[0]
+
+    def _paths_fresh(self) -> Hashable:
+        """C4P's paths_version(); a new one makes the learned paths be looked up again."""
+        ver = self.paths.paths_version() if self.paths is not None else None
+        if ver != self.paths_seen:
+            self.paths_seen = ver
+            self.learned.clear()
+        return ver
 
     def learned_path(self, s_host: str, s_nic: str | None, d_host: str,
                      d_nic: str | None) -> tuple[str, ...] | None:
@@ -311,20 +391,16 @@ class Model:
         return got[0]
 
     def path_components(self, s_host: str, s_nic: str | None, d_host: str,
-                        d_nic: str | None) -> tuple[list[str] | None, list[Component]]:
-        """(learned path, components) of a connection between two hosts' NICs (endpoints)."""
+                        d_nic: str | None, path: list[str] | None
+                        ) -> tuple[list[str] | None, list[Component]]:
+        """(path, components) of a connection between two hosts' NICs (endpoints) that
+        takes `path` (route)."""
         comps: list[Component] = [("host", s_host, s_host, PRIO_HOST)]
         if d_host != s_host:
             comps.append(("host", d_host, d_host, PRIO_HOST))
         for nic, host in ((s_nic, s_host), (d_nic, d_host)):
             if nic:
                 comps.append(("nic", nic, host, PRIO_NIC))
-        path = None
-        if self.topology is not None:
-            path = self.topology.path(s_host, d_host, _dev(s_nic), _dev(d_nic))
-        if path is None:
-            learned = self.learned_path(s_host, s_nic, d_host, d_nic)
-            path = list(learned) if learned else None
         for link, to in self._directions(path or [], s_host):
             lk = self.topology.links.get(link) if self.topology else None
             prio = PRIO_FABRIC if lk is not None and lk.kind == "fabric" else PRIO_ACCESS
@@ -367,6 +443,57 @@ class Model:
             ref = self.rank_of_pid(host, o["pid"])
             if ref is not None:
                 ref[1].proc = (o["state"], now)
+                if "cpu_s" in o and "written" in o:
+                    ref[1].usage.append((now, o["cpu_s"], o["written"]))
+
+    def on_socks(self, host: str, section: dict[str, Any], bulk_bytes: int) -> None:
+        """Which process owns each of a host's TCP connections (tcp_flows), and whether it
+        sends bulk data (acked `bulk_bytes` in a report): a rank's connection is placed on
+        its own sockets' paths (rank_socks)."""
+        table = self.socks.setdefault(host, {})
+        listed = set()
+        for f in section.get("flows") or ():
+            sock = (bare_addr(f["saddr"]), f["sport"], bare_addr(f["daddr"]), f["dport"])
+            listed.add(sock)
+            old = table.pop(sock, None)
+            if old is not None:
+                self._disown(host, sock, old[0])
+            if f["closed"] or not f.get("pid"):
+                continue
+            bulk = f["bytes_acked_delta"] >= bulk_bytes or (
+                old is not None and old == (f["pid"], True))
+            table[sock] = (f["pid"], bulk)
+            self.pid_socks.setdefault((host, f["pid"]), set()).add(sock)
+        if section.get("refresh") and not section.get("omitted"):
+            for sock in [k for k in table if k not in listed]:  # a missed close
+                self._disown(host, sock, table.pop(sock)[0])
+
+    def _disown(self, host: str, sock: Sock, pid: int) -> None:
+        mine = self.pid_socks.get((host, pid))
+        if mine is not None:
+            mine.discard(sock)
+            if not mine:
+                del self.pid_socks[(host, pid)]
+
+    def rank_socks(self, s: Rank, d: Rank) -> tuple[Sock, ...]:
+        """The TCP sockets rank s sends its data to rank d on (the lab's ring, NCCL's socket
+        transport; none for RDMA): its process's bulk senders to d's host, narrowed to those
+        d's process accepted where its host reports them (two ranks on d's host)."""
+        if s.pid is None:
+            return ()
+        table = self.socks.get(s.host, {})
+        mine = [k for k in self.pid_socks.get((s.host, s.pid), ())
+                if table[k][1] and self.addrs.get(k[2], ("",))[0] == d.host]
+        if not mine:
+            return ()
+        theirs = self.pid_socks.get((d.host, d.pid), set()) if d.pid is not None else set()
+        exact = [k for k in mine if (k[2], k[3], k[0], k[1]) in theirs]
+        return tuple(sorted(exact or mine))
+
+    def nic_of_addr(self, addr: str) -> str | None:
+        """The NIC endpoint whose netdev holds `addr` (a bare address), from the hellos."""
+        got = self.addrs.get(addr)
+        return self.nic_of_netdev(*got) if got is not None else None
 
     def rank_of_pid(self, host: str, pid: int | None) -> tuple[Comm, Rank] | None:
         ref = self.pids.get((host, pid)) if pid is not None else None
@@ -394,8 +521,11 @@ class Model:
         to keep state alive for hours)."""
         gone = [c for c in self.comms.values()
                 if now - c.last_seen > min(intervals * c.interval, max_s)]
-        for pair in [k for k, (_, t) in self.learned.items() if now - t > 12 * LEARNED_REFRESH_S]:
-            del self.learned[pair]  # pairs no longer looked up
+        stale = now - 12 * LEARNED_REFRESH_S  # pairs and ports no longer looked up
+        for pair in [k for k, v in self.learned.items() if v[1] < stale]:
+            del self.learned[pair]
+        for port in [k for k, v in self.port_paths.items() if v[1] < stale]:
+            del self.port_paths[port]
         for c in gone:
             self._forget(c)
         gone += self.evicted

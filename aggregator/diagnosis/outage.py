@@ -62,15 +62,16 @@ FlowKey = tuple[str, str, int, str, int]  # host, saddr, sport, daddr, dport
 
 class FlowCell:
     """A bulk TCP sender (eBPF tcp_flows): when it last moved data, the reports in which it
-    retransmitted, and what its path passes through (the path map's, by NIC pair)."""
+    retransmitted, and what its path passes through (its source port's: model.route)."""
 
-    __slots__ = ("job", "moved", "retrans", "tag", "comps", "src", "dst")
+    __slots__ = ("job", "moved", "retrans", "tag", "path", "comps", "src", "dst")
 
     def __init__(self, job: str | None, now: float) -> None:
         self.job = job
         self.moved = now
         self.retrans: deque[float] = deque(maxlen=FLOW_REPORTS)
         self.tag: tuple | None = None
+        self.path: list[str] | None = None
         self.comps: list[localise.Component] = []
         self.src = self.dst = ""
 
@@ -199,19 +200,18 @@ class OutageDetector:
         return any(abs(b - t) <= PAIR_S for n in nics for b in self.beats.get(n, ()))
 
     def _flow_path(self, fk: FlowKey, fc: FlowCell) -> bool:
-        """Whether the flow's path is known (fc.comps set): both ends' hosts and NICs from
-        their addresses, the path the topology or C4P's map gives that NIC pair."""
+        """Whether the flow's ends are known (fc.comps set): both ends' hosts and NICs from
+        their addresses, the path its source port takes (model.route: C4P's map for a
+        planned port, else the NIC pair's)."""
         host = fk[0]
-        own = self.model.addrs.get(bare_addr(fk[1]), (host, None))
-        peer = self.model.addrs.get(bare_addr(fk[3]))
+        saddr, daddr = bare_addr(fk[1]), bare_addr(fk[3])
+        peer = self.model.addrs.get(daddr)
         if peer is None or peer[0] == host:
             return False
-        tag = (peer[0], self.model.nic_of_netdev(host, own[1]),
-               self.model.nic_of_netdev(peer[0], peer[1]))
-        if fc.tag != tag:
-            fc.src, fc.dst = host, peer[0]
-            fc.comps = self.model.path_components(host, tag[1], peer[0], tag[2])[1]
-            fc.tag = tag
+        fc.src, fc.dst = host, peer[0]
+        self.model.place(fc, host, self.model.nic_of_netdev(host, self.model.addrs.get(
+            saddr, (host, None))[1]), peer[0], self.model.nic_of_netdev(*peer),
+            ((saddr, fk[2], daddr, fk[4]),))
         return True
 
     def _finding(self, top: localise.Hypothesis, covers: dict[Hashable, list[Conn]],

@@ -34,7 +34,8 @@ from typing import Any
 from . import localise
 from .config import DiagnosisConfig
 from .findings import Finding, Suspect
-from .model import PACE_REPORTS, PAUSE_MARGIN, STOPPED, Model, SlowWindow, ballot, bare_addr
+from .model import (PACE_REPORTS, PAUSE_MARGIN, STOPPED, Model, SlowWindow, Sock, ballot,
+                    bare_addr)
 from .slow import FRESH_INTERVALS, describe
 from .stats import lower_baseline, median
 
@@ -70,6 +71,7 @@ class TcpCell(SlowWindow):
     bad: tuple[str, ...] = ()  # metrics high in the last slow interval
     seen: float = -1e18
     nics: tuple[str | None, str | None] = (None, None)
+    socks: tuple[Sock, ...] = ()  # its bulk sockets in the last interval with data
     path: list[str] | None = None
     comps: list[localise.Component] = field(default_factory=list)
     tag: tuple | None = None
@@ -123,7 +125,8 @@ class TcpDetector:
         counts = self.host_jobs.setdefault(host, Counter())
         before = set(counts)
         listed: set[tuple] = set()
-        acc: dict[tuple[str, str], list] = {}  # (job, daddr) -> [acked, retrans, rtt*bytes]
+        # (job, daddr) -> [acked, retrans, rtt*bytes, saddr, its bulk sockets]
+        acc: dict[tuple[str, str], list] = {}
         moved: Counter[str] = Counter()  # job -> bytes its flows here moved this interval
         zero: list[tuple[str, str]] = []  # (job, daddr) whose window was 0 this interval
         for f in section.get("flows") or ():
@@ -144,8 +147,11 @@ class TcpDetector:
                     counts[job] += 1
                 table[key] = Flow(job, f["daddr"], f["bytes_acked"], f["retrans_segs"],
                                   f["srtt_us"], now)
-            a = acc.setdefault((job, f["daddr"]), [0, 0, 0.0, f["saddr"]])
+            a = acc.setdefault((job, f["daddr"]), [0, 0, 0.0, f["saddr"], []])
             a[0] += f["bytes_acked_delta"]
+            if f["bytes_acked_delta"] >= self.cfg.tcp_min_bytes:
+                a[4].append((bare_addr(f["saddr"]), f["sport"], bare_addr(f["daddr"]),
+                             f["dport"]))
             a[1] += f["retrans_segs_delta"]
             a[2] += f["srtt_us"] * f["bytes_acked_delta"]
             moved[job] += f["bytes_acked_delta"] + f["bytes_received_delta"]
@@ -154,8 +160,9 @@ class TcpDetector:
         if section.get("refresh") and not section.get("omitted"):
             for key in [k for k in table if k not in listed]:
                 self._drop(table, counts, key)  # the host no longer has it (a missed close)
-        for (job, daddr), (acked, retrans, rtt_b, saddr) in acc.items():
-            self._sample(host, job, saddr, daddr, acked, retrans, rtt_b, interval, now)
+        for (job, daddr), (acked, retrans, rtt_b, saddr, socks) in acc.items():
+            self._sample(host, job, saddr, daddr, acked, retrans, rtt_b, interval, now,
+                         tuple(sorted(socks)))
         self._progress(host, section, counts, moved, zero, interval, now)
         for job in before - set(counts):  # none of its flows left here
             self.model.set_flows(job, host, 0)
@@ -212,7 +219,7 @@ class TcpDetector:
             d.pop(host, None)
 
     def _sample(self, host: str, job: str, saddr: str, daddr: str, acked: int, retrans: int,
-                rtt_b: float, interval: float, now: float) -> None:
+                rtt_b: float, interval: float, now: float, socks: tuple[Sock, ...]) -> None:
         peer = self.model.addrs.get(bare_addr(daddr))
         if peer is None or peer[0] == host:
             self.skipped["peer_unknown" if peer is None else "local"] += 1
@@ -227,6 +234,7 @@ class TcpDetector:
                      self.model.nic_of_netdev(peer[0], peer[1]))
         if acked < self.cfg.tcp_min_bytes or interval <= 0:
             return  # idle this interval: neither slow nor healthy
+        cell.socks = socks
         cell.values = {"s_per_gb": interval / acked * 1e9,
                        "retrans_per_mb": retrans / (acked / 1e6),
                        "srtt_us": rtt_b / acked}
@@ -376,11 +384,7 @@ class TcpDetector:
         return out
 
     def _components(self, c: TcpCell) -> list[localise.Component]:
-        tag = (c.src, c.dst) + c.nics
-        if c.tag != tag:
-            c.path, c.comps = self.model.path_components(c.src, c.nics[0], c.dst, c.nics[1])
-            c.tag = tag
-        return c.comps
+        return self.model.place(c, c.src, c.nics[0], c.dst, c.nics[1], c.socks)
 
     def _finding(self, tj: TcpJob, ranked: list[localise.Hypothesis]) -> Finding:
         top = ranked[0]

@@ -24,7 +24,7 @@ from c4.core.wire.kinds import PROBE_SPORTS_MAX
 from ..schema import migrate
 from . import solver
 from .config import PlanningConfig
-from .model import Built, Flow, Health, Model, choose_ports
+from .model import Built, Flow, Health, Model, choose_ports, path_class
 from .pathmap import PathMap
 
 ROCE_PORTS = (0xC000, 0xFFFF)
@@ -376,6 +376,17 @@ class Planner:
         paths = {self.pathmap.lookup(src, dst, pc, sp, now) for pc, sp in ports} if ports else \
             set(self.pathmap.ports(src, dst, "roce", now).values())
         return paths.pop() if len(paths) == 1 and None not in paths else None
+
+    def port_path(self, src: str, dst: str, proto: str, dport: int, sport: int,
+                  now: float) -> tuple[str, ...] | None:
+        """The path one source port of src -> dst takes, as probes learned it: C4D places
+        a connection on a planned port there, not on the NIC pair's default path."""
+        return self.pathmap.lookup(src, dst, path_class(proto, dport), sport, now)
+
+    def paths_version(self) -> tuple[Any, ...]:
+        """Changes whenever port_path's answers may have: a path learned, forgotten or
+        expired (the map's mark), a plan applied."""
+        return self.pathmap.mark(), self.applied.id if self.applied else None
 
     def request_probe(self, src: str, dst: str, now: float) -> bool:
         """C4D asks for the paths of the flows src -> dst: they are traced at the next tick,
