@@ -24,7 +24,6 @@ class HostInfo:
 
 
 PACE_REPORTS = 9
-USAGE_REPORTS = 16  # a stall's first samples may go: any window inside it tells idle from busy
 STOPPED = ("T", "t")  # /proc state of a process stopped by a signal or a tracer
 # a job's next checkpoint may last this much longer than the longest pause it recovered from
 # (the NCCL and the TCP hang detectors' learned allowance)
@@ -84,9 +83,10 @@ class Rank:
         # (its process's /proc state letter, arrival) from tcp_flows.owners, where its host
         # tracks a TCP socket of it (NCCL's bootstrap, the rendezvous store)
         self.proc: tuple[str, float] | None = None
-        # (arrival, its process's CPU seconds, bytes written), same source, both known:
-        # whether an idle rank runs or writes (a checkpoint) over a stall (hang.py)
-        self.usage: deque[tuple[float, float, int]] = deque(maxlen=USAGE_REPORTS)
+        # its process's (arrival, CPU seconds, bytes written) from the same owners, first
+        # since its last completed collective and latest: whether a rank idle in a stall
+        # runs or writes (a checkpoint) over it (hang.py); None while unknown
+        self.usage: tuple[tuple[float, float, int, int], tuple[float, float, int]] | None = None
 
 
 class SlowWindow:
@@ -443,8 +443,14 @@ class Model:
             ref = self.rank_of_pid(host, o["pid"])
             if ref is not None:
                 ref[1].proc = (o["state"], now)
-                if "cpu_s" in o and "written" in o:
-                    ref[1].usage.append((now, o["cpu_s"], o["written"]))
+                rk, u = ref[1], ref[1].usage
+                if "cpu_s" not in o or "written" not in o:
+                    rk.usage = None
+                elif u is None or u[0][3] != rk.seq_completed or o["cpu_s"] < u[0][1]:
+                    rk.usage = ((now, o["cpu_s"], o["written"], rk.seq_completed),
+                                (now, o["cpu_s"], o["written"]))
+                else:
+                    rk.usage = (u[0], (now, o["cpu_s"], o["written"]))
 
     def on_socks(self, host: str, section: dict[str, Any], bulk_bytes: int) -> None:
         """Which process owns each of a host's TCP connections (tcp_flows), and whether it
