@@ -101,3 +101,55 @@ def test_without_the_ports_paths_the_default_paths_misplace_it(tmp_path: Path) -
     wrong) default paths, and does not name the link (what the lab showed after re-plans)."""
     rec, truth, real = unpack(tmp_path)
     assert FAULT not in named(replay(rec, truth, swapped(real), None))
+
+
+def sock(saddr: str, sport: int, daddr: str, dport: int, pid: int, acked: int,
+         closed: bool = False) -> dict[str, Any]:
+    return {"saddr": saddr, "sport": sport, "daddr": daddr, "dport": dport, "pid": pid,
+            "bytes_acked_delta": acked, "closed": closed}
+
+
+def test_a_ranks_connection_follows_its_socket_to_a_new_port_at_once() -> None:
+    """model.components for a plugin connection: the socket rank 0's process sends on to
+    rank 1's host and rank 1's process accepted (not the one another rank there accepted);
+    its port's path as soon as C4P learns it; a reconnect on a port C4P does not know goes
+    back to the NIC pair's path."""
+    from c4.aggregator.diagnosis.model import Cell, Comm, Rank
+
+    topo = Topology.load(LAB / "topology.json")
+    core = build_core(AggregatorConfig(), db_path=":memory:", topology=topo)
+    model, planner = core.diagnosis.model, core.planner
+    src, dst = "node000/mlx5_0", "node002/mlx5_0"
+    default = topo.paths[(src, dst)]
+    other = swapped(topo).paths[(src, dst)]
+    assert "leaf00-spine01" in default and "leaf00-spine00" in other
+    comm = Comm("c", "job", 3, 0.0)
+    for r, host, pid in ((0, "node000", 100), (1, "node002", 200), (2, "node002", 300)):
+        rk = comm.ranks[r] = Rank(r, host)
+        rk.pid, rk.nic = pid, f"{host}/mlx5_0"
+    model.on_socks("node000", {"flows": [
+        sock("10.0.0.10", 40000, "10.0.1.10", 30000, 100, 1 << 20),
+        sock("10.0.0.10", 40002, "10.0.1.10", 30001, 100, 1 << 20)]}, 131072)
+    model.on_socks("node002", {"flows": [
+        sock("10.0.1.10", 30000, "10.0.0.10", 40000, 200, 0),
+        sock("10.0.1.10", 30001, "10.0.0.10", 40002, 300, 0)]}, 131072)
+    cell = Cell(0, 1)
+    model.now = 10.0
+    model.components(comm, cell)
+    assert cell.path == default
+    planner.pathmap.learn(src, dst, "tcp:30000", 40000, tuple(other), 10.0)
+    planner.pathmap.learn(src, dst, "tcp:30001", 40002, tuple(default), 10.0)
+    comps = model.components(comm, cell)
+    assert cell.path == other  # the same instant: the new path is not waited for
+    links = {c[1] for c in comps if c[0] == "link"}
+    assert "leaf00-spine00" in links and "leaf00-spine01" not in links
+    model.on_socks("node000", {"flows": [
+        sock("10.0.0.10", 40000, "10.0.1.10", 30000, 100, 0, closed=True),
+        sock("10.0.0.10", 40004, "10.0.1.10", 30000, 100, 1 << 20)]}, 131072)
+    model.on_socks("node002", {"flows": [
+        sock("10.0.1.10", 30000, "10.0.0.10", 40000, 200, 0, closed=True),
+        sock("10.0.1.10", 30000, "10.0.0.10", 40004, 200, 0)]}, 131072)
+    assert model.rank_socks(comm.ranks[0], comm.ranks[1]) == (
+        ("10.0.0.10", 40004, "10.0.1.10", 30000),)
+    model.components(comm, cell)
+    assert cell.path == default
