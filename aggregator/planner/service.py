@@ -30,6 +30,7 @@ from .pathmap import PathMap
 ROCE_PORTS = (0xC000, 0xFFFF)
 LINK_DOWN = ("hw_link_flap", "hw_nic_down")  # incident classes that take a link out
 FLOW_TTL_S = 60.0  # a flow no report mentioned for this long is gone
+PORTS_S = 0.005  # of a re-plan's budget, kept for choosing ports and publishing
 
 
 @dataclass
@@ -258,12 +259,13 @@ class Planner:
     def react(self, now: float) -> bool:
         """Link health from C4D's open incidents; when it changed, the re-plan (applied
         with `auto_apply`). True when it changed."""
+        t0 = time.perf_counter()  # the re-plan's budget counts from the incident
         changed = self._update_health()
         if not changed or not self.cfg.replan_on_incident:
             return False
         self.stats["replans"] += 1
         p = self.propose(now, "link health changed: " + ", ".join(sorted(changed)),
-                         replan=True)
+                         replan=True, t0=t0)
         if self.cfg.auto_apply and p is not None and p.result.moved:
             self.apply(now)
         return True
@@ -418,17 +420,20 @@ class Planner:
             self.live[key] = fl
         return self.live
 
-    def propose(self, now: float, reason: str, replan: bool = False) -> Proposal | None:
+    def propose(self, now: float, reason: str, replan: bool = False,
+                t0: float | None = None) -> Proposal | None:
         """Plan the live flows; `replan`: keep every flow whose path is still usable, within
-        `replan_budget_s` from here (building the input counts)."""
-        job = self.prepare(now, reason, replan)
+        `replan_budget_s` from `t0` (perf_counter; default: here; building the input
+        counts)."""
+        job = self.prepare(now, reason, replan, t0)
         return self.publish(self.solve(job)) if job is not None else None
 
-    def prepare(self, now: float, reason: str, replan: bool = False) -> Job | None:
+    def prepare(self, now: float, reason: str, replan: bool = False,
+                t0: float | None = None) -> Job | None:
         """The optimiser's input from what the planner knows now (under the aggregator's
         lock: it reads flows, path map and health); None, and no proposal, when no flow has
         a known path."""
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if t0 is None else t0
         b = self.model.build(self.live_flows(), self.pathmap, self.health, now, self.touched)
         self.touched = set()
         self.seq += 1
@@ -448,9 +453,9 @@ class Planner:
         with self.solving:
             if job.replan:
                 # restore the utilisation the last proposal or plan reached, moving little
-                r = self.engine.replan(
-                    b.inst, b.current,
-                    self.cfg.replan_budget_s - (time.perf_counter() - job.t0), job.target)
+                # what is left, less a margin for the ports and the proposal after it
+                left = self.cfg.replan_budget_s - (time.perf_counter() - job.t0)
+                r = self.engine.replan(b.inst, b.current, left - PORTS_S, job.target)
             else:
                 r = self.engine.plan(b.inst, b.current, self.cfg.budget_s)
         return Proposal(b, r, choose_ports(b, r.assign, r.moved), current_util, job.now,
