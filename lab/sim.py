@@ -68,6 +68,15 @@ TCP_KINDS = ("slow-node", "slow-link", "lossy-link", "slow-fabric", "hang", "sig
 TCP_PORT = 29500  # the job's listening port (the rendezvous side of each connection)
 BOOT_PORT = 29600  # an NCCL job's bootstrap ring listens here (its store on TCP_PORT)
 TCP_GOODPUT = 1.2e9  # bytes/s per connection at nominal speed
+# What a rank's process does, as its agent's owners counters show it (CPU seconds per second,
+# bytes written per second): training (its main thread and NCCL's proxy), a checkpoint writer
+# (serialises and writes), a hung rank blocked (housekeeping threads only) or spinning (a busy
+# loop, a CUDA sync spin-wait: SPIN_SHARE of `hang` faults, named only after the allowance)
+CPU_TRAIN = (1.0, 1.5)
+CPU_WRITE, WRITE_BPS = (0.3, 1.0), (0.2e9, 2e9)
+CPU_BLOCKED = (0.002, 0.02)
+CPU_SPIN = (0.9, 1.0)
+SPIN_SHARE = 0.2
 TCP_SRTT_US = 40.0
 # retransmitted segments per MB on a clean connection, and the factor a fault multiplies it by
 TCP_LOSS_PER_MB = 0.01
@@ -392,6 +401,10 @@ class Simulator:
         self.faults = [self._check(f) for f in cfg.faults]
         self.addr = {h: f"10.0.{i // 250}.{i % 250 + 1}" for i, h in enumerate(names)}
         self.sockets: dict[tuple[str, str], list[int]] = {}  # (host, peer) -> acked, rcvd, retrans
+        # (job index, rank) -> its process's CPU seconds and bytes written, with their own
+        # random stream (the rest of a run does not change with them)
+        self.usage: dict[tuple[int, int], list[float]] = {}
+        self.urng = random.Random(cfg.seed * 1_000_003 + 17)
         self.boot_listed: dict[str, frozenset[str]] = {}  # host -> comms whose flows it listed
         self.clean_events: list[dict[str, Any]] = []
         self.blips: dict[int, list[tuple[str, Any]]] = {}
@@ -506,6 +519,8 @@ class Simulator:
             item: dict[str, Any] = {"kind": f.kind, "target": f.target, "start": f.start,
                                     "end": f.end, "class": cls}
             item.update(self._suspect(f))
+            if self.spins(f):
+                item["spins"] = True
             out.append(item)
         return {
             "faults": out,
@@ -516,6 +531,38 @@ class Simulator:
                       "comms": [i.comm for i in j.incs]} for j in self.jobs],
             "config": {k: v for k, v in self.cfg.__dict__.items() if k != "faults"},
         }
+
+    def spins(self, f: Fault) -> bool:
+        """Whether a `hang` fault's rank spins (burns a CPU) rather than blocks: drawn per
+        fault, independently of the run's random stream."""
+        return f.kind == "hang" and random.Random(
+            f"{self.cfg.seed}:{f.target}:{f.start}").random() < SPIN_SHARE
+
+    def _proc(self, job: Job, r: int, t: float, state: str) -> dict[str, Any]:
+        """The owners entry of rank r's process at t: its counters advanced over the last
+        interval by what it did then (trains, writes a checkpoint, hangs blocked or
+        spinning, stopped)."""
+        g = self.hosts.index(job.host_of[r]) * self.cfg.gpus_per_host + job.gpu0 + r % job.G
+        doing = "train"
+        for f in self.faults + self.pauses:
+            if f.kind in RANK_KINDS and f.target == str(g) and f.active(t):
+                doing = ("stopped" if f.kind == "sigstop" else "write" if f in self.pauses
+                         else "spin" if f.kind == "kernel-hang" or self.spins(f) else
+                         "blocked" if f.kind in ("hang", "xid") else doing)
+        if doing == "train" and any(j == job.index and a <= t < b for a, b, j in self.checkpoints):
+            doing = "write"
+        if state == "T":  # a TCP job's hung rank is a stopped process (the lab's SIGSTOP)
+            doing = "stopped"
+        iv, u = self.cfg.interval, self.urng
+        cpu = {"train": CPU_TRAIN, "write": CPU_WRITE, "blocked": CPU_BLOCKED,
+               "spin": CPU_SPIN}.get(doing)
+        st = self.usage.setdefault((job.index, r), [u.uniform(20.0, 60.0), 4096.0 * (r + 1)])
+        if cpu is not None:
+            st[0] += u.uniform(*cpu) * iv
+        if doing == "write":
+            st[1] += int(u.uniform(*WRITE_BPS) * iv)
+        return {"pid": job.pids[r], "state": state, "cpu_s": round(st[0], 2),
+                "written": int(st[1]), "job": job.id}
 
     def _suspect(self, f: Fault) -> dict[str, Any]:
         t = f.target
@@ -968,8 +1015,7 @@ class Simulator:
             if st[3]:
                 flows[-1].update(zero_window=st[3], zero_window_delta=int(zero))
         state = "T" if host in stopped else "R" if busy > 0.5 else "S"
-        return self._tcp_section(flows, [{"pid": job.pids[me * job.G], "state": state,
-                                          "job": job.id}])
+        return self._tcp_section(flows, [self._proc(job, me * job.G, t, state)])
 
     def _bootstrap(self, host: str, live: list[tuple[Job, "Incarnation"]],
                    t: float) -> dict[str, Any]:
@@ -988,8 +1034,7 @@ class Simulator:
         for job, _ in live:
             me = job.hosts.index(host)
             for r in range(job.first_rank[host], job.first_rank[host] + job.G):
-                owners.append({"pid": job.pids[r], "state": "T" if (job, r) in sigstop else "R",
-                               "job": job.id})
+                owners.append(self._proc(job, r, t, "T" if (job, r) in sigstop else "R"))
                 peers = [(job.hosts[0], TCP_PORT)] if me else []  # the store (c10d)
                 if r == job.first_rank[host] + job.G - 1 and len(job.hosts) > 1:
                     peers.append((job.hosts[(me + 1) % len(job.hosts)], BOOT_PORT))

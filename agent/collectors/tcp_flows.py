@@ -539,9 +539,9 @@ class Reporter:
 
     def __init__(self, opts: Options, feats: Features, netns_of: Callable[[int], int],
                  job_of: Callable[[int], str | None] = lambda pid: None,
-                 state_of: Callable[[int], str] | None = None) -> None:
+                 proc_of: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.opts, self.feats = opts, feats
-        self.state_of = state_of or proc_state_reader(Path("/proc"))
+        self.proc_of = proc_of or proc_reader(Path("/proc"))
         self.table = FlowTable(opts.max_report_flows, opts.owner_filter, netns_of,
                                feats.drop_reasons, job_of=job_of)
         self._drops: dict[str, int] = {}
@@ -568,8 +568,8 @@ class Reporter:
         if self.opts.owner_filter:
             section["unattributed"] = res.unattributed
         owners = self.table.owners()
-        if owners:  # one /proc read per job process per interval
-            section["owners"] = [{"pid": pid, "state": self.state_of(pid), "job": owners[pid]}
+        if owners:  # two /proc reads (stat, io) per job process per interval
+            section["owners"] = [{"pid": pid, **self.proc_of(pid), "job": owners[pid]}
                                  for pid in sorted(owners)[:MAX_OWNERS]]
         events = [e for e in (decode_event(raw, self.feats.rst_reasons) for raw in snap.events)
                   if e]
@@ -592,13 +592,31 @@ def _netns_reader(proc_root: Path) -> Callable[[int], int]:
     return netns_of
 
 
-def proc_state_reader(proc_root: Path) -> Callable[[int], str]:
-    """pid -> its state letter in `<proc_root>/<pid>/stat` (`X`: gone or unreadable)."""
-    def state_of(pid: int) -> str:
+def proc_reader(proc_root: Path) -> Callable[[int], dict[str, Any]]:
+    """pid -> its owner fields: `state`, the letter in `<proc_root>/<pid>/stat` (`X`: gone
+    or unreadable), `cpu_s` (utime + stime, same read) and `written` (`wchar` of
+    `<pid>/io`), each absent when unreadable: C4D must not take "unknown" for "idle"."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def proc_of(pid: int) -> dict[str, Any]:
         fields = stat_fields(proc_root, pid)
         state = fields[0].decode("ascii", "replace") if fields else "X"
-        return state if state in PROC_STATES else "X"
-    return state_of
+        out: dict[str, Any] = {"state": state if state in PROC_STATES else "X"}
+        if fields and len(fields) > 12:  # fields 14, 15: utime, stime in clock ticks
+            try:
+                out["cpu_s"] = (int(fields[11]) + int(fields[12])) / tick
+            except ValueError:
+                pass
+        try:  # EACCES without ptrace rights over it, ENOENT once gone
+            io = (proc_root / str(pid) / "io").read_bytes()
+        except OSError:
+            return out
+        for line in io.splitlines():
+            name, _, value = line.partition(b":")
+            if name == b"wchar" and value.strip().isdigit():
+                out["written"] = int(value)
+        return out
+    return proc_of
 
 
 ENOTSUPP = 524  # the kernel's internal "not supported", not in Python's errno
@@ -722,7 +740,7 @@ class TcpFlowsCollector(Collector):
         self._bpf, self._ringbuf = b, feats.ringbuf
         self._reporter = Reporter(self.opts, feats, _netns_reader(self.ctx.proc_root),
                                   JobResolver(self.ctx.proc_root).job_of,
-                                  proc_state_reader(self.ctx.proc_root))
+                                  proc_reader(self.ctx.proc_root))
         self._last = self.ctx.clock()
         self.ctx.log.info("tcp_flows: tracing with %s", ", ".join(feats.names))
 

@@ -27,6 +27,13 @@ POINTING = ("RecvWait", "SendPeerWait")  # the waiter's peer holds it up
 WAITING_ON_OTHERS = POINTING + ("SendWait",)  # a rank in these waits on a peer or the network
 FROZEN_INTERVALS = 1.5  # a repeated in-flight summary listed this long after its last fresh one
 EARLY_HOSTS = 2  # hosts whose stall messages point at a rank that stopped: named before the threshold
+# An idle rank is still (no checkpoint writer) when, over at least STILL_SPAN of the stall, its
+# process used under STILL_CPU of one CPU (a waiting process's housekeeping threads; a writer
+# serialises, a spinning loop burns a whole one) and wrote under STILL_WRITTEN bytes (a log
+# line; a checkpoint shard is megabytes)
+STILL_CPU = 0.1
+STILL_WRITTEN = 64 << 10
+STILL_SPAN = 0.5
 # What a job taught (its pauses' length, its checkpoint writers) outlives its last
 # communicator this long on the aggregator's clock: a restart keeps it, a finished job's
 # memory goes (the aggregator sees thousands of jobs over weeks).
@@ -130,13 +137,16 @@ class HangDetector:
                                           for r in behind):
             # alive and idle, not entering the op the others wait in: a checkpoint writer
             # looks exactly like this until it outlasts what the job's checkpoints take,
-            # unless the job's checkpoints so far were written by other ranks (a rank whose
-            # GPU an Xid named is no checkpoint writer: it skips this allowance)
+            # unless the job's checkpoints so far were written by other ranks, or every
+            # idle rank neither runs nor writes (a rank whose GPU an Xid named is no
+            # checkpoint writer either: it skips this allowance)
             idle = {r.rank for r in behind}
             writers, n, same = self.writers.get(comm.job, (set(), 0, True))
             self.pausing[comm.comm] = (stalled_s, idle)
             if n >= WRITER_PAUSES and same and not idle <= writers:
                 ev["checkpoint_writers"] = sorted(writers)[:16]
+            elif all(_still(r, stalled_s) for r in behind):
+                ev["still_ranks"] = sorted(idle)[:32]
             else:
                 allowance = max(self.cfg.checkpoint_s, self.pause_s.get(comm.job, 0.0))
                 if stalled_s < allowance:
@@ -290,6 +300,17 @@ class HangDetector:
                    f"network wait; suspect: {where}")
         return Finding("comm_hang", comm.job, comm.comm, suspects, summary, e, first,
                        matrix=matrix(comm, top.bad) if top else None, aliases=aliases)
+
+
+def _still(r: Rank, stalled_s: float) -> bool:
+    """Whether r's process neither ran nor wrote since its last completed collective, over
+    at least STILL_SPAN of the stall (False when its agent does not report both counters)."""
+    if r.usage is None:
+        return False
+    (t0, cpu0, w0, _), (t1, cpu1, w1) = r.usage
+    span = t1 - t0
+    return (span > 0 and span >= STILL_SPAN * stalled_s and cpu1 - cpu0 < STILL_CPU * span
+            and w1 - w0 < STILL_WRITTEN)
 
 
 def _age(r: Rank, now: float) -> float:

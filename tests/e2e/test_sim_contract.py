@@ -7,6 +7,7 @@ A field only the simulator sends would let diagnosis work in simulation and fail
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -14,7 +15,7 @@ import pytest
 
 from c4.agent.collectors.base import Context
 from c4.agent.collectors.rdma import RdmaCollector
-from c4.agent.collectors.tcp_flows import Reporter, detect_features, parse_options
+from c4.agent.collectors.tcp_flows import Reporter, detect_features, parse_options, proc_reader
 from c4.agent.config import AgentConfig
 from c4.agent.daemon import Agent
 from c4.agent.sender import Sender
@@ -97,7 +98,9 @@ def real(fixtures_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> set[tu
     shapes |= _section_shape("rdma", [rdma.collect(100.0).section, rdma.collect(101.0).section])
     capture = json.loads((fixtures_dir / "tcp_flows" / "capture.json").read_text())
     feats = detect_features(fixtures_dir / "tcp_flows" / "tracefs", "6.18.44", 16384)
-    rep = Reporter(parse_options({}), feats, lambda pid: 4026531840, job_of=lambda pid: "4242")
+    # the capture's process is long gone: its owner entry is read from this live one
+    rep = Reporter(parse_options({}), feats, lambda pid: 4026531840, job_of=lambda pid: "4242",
+                   proc_of=lambda pid: proc_reader(Path("/proc"))(os.getpid()))
     shapes |= _section_shape("tcp_flows", [s.section for s in replay(rep, capture)])
     shapes |= _nccl_shape(tmp)
     return shapes

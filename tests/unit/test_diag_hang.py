@@ -29,7 +29,8 @@ def host_of(r: int) -> str:
 class PluginRing:
     """A ring AllReduce job as the plugin + agent report it, one report per host per second."""
 
-    def __init__(self, completed: int, checkpoint_s: float = 0.0) -> None:
+    def __init__(self, completed: int, checkpoint_s: float = 0.0,
+                 owners: bool = False) -> None:
         self.db = sqlite3.connect(":memory:")
         # naming, not waiting: no checkpoint allowance or start-up grace unless asked (see
         # test_diag_adversarial.py for those)
@@ -40,6 +41,12 @@ class PluginRing:
         self.seq = {f"h{i}": 0 for i in range(HOSTS)}
         self.t = 100.0
         self.frozen: dict[int, dict[str, Any]] = {}  # rank -> summary the agent repeats
+        # `owners`: each host's tcp_flows lists its ranks' processes with their counters
+        # (cpu_s, written; None: the agent cannot read them), which advance each second by
+        # `use` (rank -> CPU seconds, bytes), 1.2 CPUs and no writes unless set
+        self.owners = owners
+        self.use: dict[int, tuple[float, int] | None] = {}
+        self.counters = {r: (50.0, 1 << 20) for r in range(N)}
         for h in self.seq:
             self._send(h, "hello", {"agent_version": "t", "interval": 1.0, "collectors": {},
                                     "nics": []})
@@ -74,9 +81,23 @@ class PluginRing:
         """One report per host (a rank mapped to None is not listed), then a tick."""
         for h in self.seq:
             comms = [s for r, s in sorted(summaries.items()) if s is not None and host_of(r) == h]
-            self._send(h, "report", {"interval": 1.0, "health": {}, "nccl": {"comms": comms}})
+            body: dict[str, Any] = {"interval": 1.0, "health": {}, "nccl": {"comms": comms}}
+            if self.owners:
+                body["tcp_flows"] = {"flows": [], "omitted": 0, "tracked": 0, "map_full": 0,
+                                     "drops": {}, "drops_delta": {}, "owners": [
+                                         self._owner(r) for r in range(N) if host_of(r) == h]}
+            self._send(h, "report", body)
         self.diag.tick(self.t)
         self.t += 1.0
+
+    def _owner(self, r: int) -> dict[str, Any]:
+        use = self.use.get(r, (1.2, 0))
+        o: dict[str, Any] = {"pid": 1000 + r, "state": "S", "job": "j"}
+        if use is not None:
+            cpu, written = self.counters[r]
+            self.counters[r] = cpu + use[0], written + use[1]
+            o.update(cpu_s=self.counters[r][0], written=self.counters[r][1])
+        return o
 
     def stall_event(self, r: int, waiting: list[tuple[int, str, str]], age: float,
                     seq: int | None = None) -> None:
@@ -282,3 +303,53 @@ def test_a_hang_behind_a_dead_nic_joins_its_incident():
     ring.hang(8, "none")
     (inc,) = ring.diag.incidents()
     assert inc["class"] == "hw_nic_down" and "comm_hang" in inc["evidence"]["symptoms"]
+
+
+# The culprit idle between collectives, what its process does meanwhile: (CPU s/s, bytes/s)
+STILL = (0.01, 0)  # blocked (a deadlock, a stuck read): housekeeping threads only
+WRITING = (0.4, 200 << 20)  # a checkpoint writer: serialises and writes
+SPINNING = (1.0, 0)  # a hung busy loop, or a spin-wait in a CUDA sync
+
+
+def idle_culprit(use: tuple[float, int] | None, seconds: int,
+                 learned: bool = False) -> tuple[PluginRing, float]:
+    """A ring with a 60 s checkpoint allowance whose CULPRIT stops calling collectives and
+    does `use` (None: its agent cannot read its counters). `learned`: the job first recovered
+    from two 20 s checkpoints written by the same rank (the allowance becomes 30 s)."""
+    ring = PluginRing(completed=0, checkpoint_s=60.0, owners=True)
+    ring.healthy(20)
+    if learned:
+        for _ in range(2):
+            ring.use[CULPRIT] = WRITING
+            ring.hang(20, "idle")
+            ring.use.pop(CULPRIT)
+            ring.healthy(10)
+        assert ring.diag.incidents() == []
+    ring.use[CULPRIT] = use
+    start = ring.t
+    ring.hang(seconds, "idle")
+    return ring, start
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_an_idle_rank_that_neither_runs_nor_writes_is_named_at_the_threshold(learned):
+    """Issue 13: a rank alive but no longer calling collectives looked like a checkpoint
+    writer and waited out the allowance (60 s, or 1.5x the checkpoints the job recovered
+    from). Its process used no CPU and wrote nothing since its last collective: no writer;
+    named at the normal threshold (10 collectives' worth, floor 10 s)."""
+    ring, start = idle_culprit(STILL, 14, learned)
+    inc = named(ring)
+    assert inc["localised"] - start <= 12.0
+    assert inc["evidence"]["still_ranks"] == [CULPRIT]
+    assert "pause_allowance_s" not in inc["evidence"]
+
+
+@pytest.mark.parametrize("use", [WRITING, SPINNING, None])
+def test_a_writer_a_spinning_rank_or_unknown_counters_keep_the_allowance(use):
+    """A rank that writes (a checkpoint), burns a CPU (a busy loop looks like serialising),
+    or whose counters its agent cannot read (an older agent, no permission) is judged as
+    before: quiet for the whole allowance, named after it."""
+    ring, start = idle_culprit(use, 65)
+    inc = named(ring)
+    assert inc["localised"] - start >= 60.0
+    assert inc["evidence"]["pause_allowance_s"] == 60.0 and "still_ranks" not in inc["evidence"]

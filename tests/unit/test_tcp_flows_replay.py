@@ -12,9 +12,9 @@ import pytest
 
 from c4.agent.collectors.tcp_flows import (
     FLOW_LAYOUT, HOT_FIELDS, HOT_LAYOUT, FlowEntry, Reporter, Snapshot, decode_event,
-    detect_features, drop_counts, parse_options, proc_state_reader,
+    detect_features, drop_counts, parse_options, proc_reader,
 )
-from tests.wire_check import validate_sample
+from tests.wire_check import validate_sample, validate_section
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +114,12 @@ def test_owners_of_job_flows_carry_their_process_state(capture: dict[str, Any],
     states = iter(["S", "T", "T", "T"])
     reads: list[int] = []
 
-    def state_of(pid: int) -> str:
+    def proc_of(pid: int) -> dict[str, Any]:
         reads.append(pid)
-        return next(states)
+        return {"state": next(states)}
 
     rep = Reporter(parse_options({}), feats, lambda pid: 0, job_of=lambda pid: "job-7",
-                   state_of=state_of)
+                   proc_of=proc_of)
     snaps = [snapshot(raw) for raw in capture["snapshots"][:2]]
     first = rep.report(snaps[0], 1.0).section
     assert first["owners"] == [{"pid": meta["pid"], "state": "S", "job": "job-7"}]
@@ -129,17 +129,52 @@ def test_owners_of_job_flows_carry_their_process_state(capture: dict[str, Any],
     assert idle["flows"] == [] and idle["unchanged"] == 2
     validate_sample("tcp_flows", rep.report(snaps[1], 1.0))
     assert reads == [meta["pid"]] * 4
-    nojob = Reporter(parse_options({}), feats, lambda pid: 0, state_of=state_of)
+    nojob = Reporter(parse_options({}), feats, lambda pid: 0, proc_of=proc_of)
     assert "owners" not in nojob.report(snaps[0], 1.0).section
 
 
-def test_proc_state_reader(tmp_path: Path) -> None:
+def test_proc_reader(tmp_path: Path) -> None:
     (tmp_path / "42").mkdir()
-    (tmp_path / "42" / "stat").write_text("42 (a) b) (c) T 1 42 42 0 -1 4194560 " + "0 " * 40)
-    read = proc_state_reader(tmp_path)
-    assert read(42) == "T"  # after the last ')' of a name with spaces and parentheses
-    assert read(43) == "X"  # gone
-    assert proc_state_reader(Path("/proc"))(os.getpid()) in ("R", "S")
+    # utime 300, stime 100 ticks (fields 14, 15); no io file: written absent, not 0
+    (tmp_path / "42" / "stat").write_text("42 (a) b) (c) T 1 42 42 0 -1 4194560 0 0 0 0 300 100 "
+                                          + "0 " * 40)
+    read = proc_reader(tmp_path)
+    tick = os.sysconf("SC_CLK_TCK")
+    assert read(42) == {"state": "T", "cpu_s": 400 / tick}  # after the last ')' of the name
+    assert read(43) == {"state": "X"}  # gone: no counters
+
+
+def test_proc_reader_counts_a_real_child_writing(tmp_path: Path) -> None:
+    """A child that burns CPU then writes: its real /proc/<pid>/io wchar and its CPU time
+    advance; once it is reaped, both are absent (ENOENT), not 0."""
+    import subprocess
+    import sys
+    out = tmp_path / "ckpt"
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys, time\n"
+                              "t = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\n"
+                              f"with open({str(out)!r}, 'wb') as f: f.write(b'x' * (1 << 20))\n"
+                              "sys.stdout.write('done\\n'); sys.stdout.flush()\n"
+                              "sys.stdin.read()\n"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        read = proc_reader(Path("/proc"))
+        before = read(child.pid)
+        assert child.stdout.readline() == b"done\n"
+        after = read(child.pid)
+        assert after["state"] in ("S", "R")
+        assert after["cpu_s"] >= 0.25 and after["cpu_s"] >= before.get("cpu_s", 0.0)
+        assert after["written"] - before.get("written", 0) >= 1 << 20
+        owner = {"pid": child.pid, "job": "j", **after}
+        section = {"flows": [], "omitted": 0, "tracked": 0, "map_full": 0, "drops": {},
+                   "drops_delta": {}, "owners": [owner]}
+        assert validate_section("tcp_flows", section)["owners"] == [owner]
+    finally:
+        child.stdin.close()
+        child.wait()
+    assert read(child.pid) == {"state": "X"}
 
 
 def test_top_flows_by_activity_and_omitted_count(capture: dict[str, Any],

@@ -21,12 +21,19 @@ PROC_STATES = ("R", "S", "D", "T", "t", "Z", "X", "I", "P", "W", "K")
 
 OWNER = Record(
     required={"pid": U32, "state": Enum(PROC_STATES), "job": Str(128)},
+    optional={"cpu_s": Float(0, 1e12), "written": COUNTER},
     doc={
         "pid": "process (thread group) owning some of the host's tracked flows",
         "state": "its state letter from `/proc/PID/stat` when the report was made: `R` "
                  "running, `S` sleeping, `D` uninterruptible sleep, `T` stopped (SIGSTOP), `t` "
                  "stopped by a tracer, `Z` zombie, `X` gone (no /proc entry)",
         "job": "its job id, as on its flows",
+        "cpu_s": "CPU time it has used, all its threads (utime + stime of `/proc/PID/stat`, "
+                 "seconds), from the same read as `state`: C4D tells a hung rank that neither "
+                 "runs nor writes from a checkpoint writer; absent when unreadable",
+        "written": "bytes it has written through write syscalls (`wchar` of `/proc/PID/io`: "
+                   "any file system, pipes); absent when unreadable (another user's process "
+                   "without CAP_SYS_PTRACE, or gone), never 0 for unknown",
     },
 )
 
