@@ -63,8 +63,14 @@ class Applied:
     id: str
     created: float
     reason: str
-    assignments: dict[str, dict[str, Any]]  # assignment id -> what was sent (+ host)
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> applied/failed
+    assignments: dict[str, dict[str, Any]]  # key(host, id) -> what was sent (+ host)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> applied/failed
+
+    @staticmethod
+    def key(host: str, flow_id: str) -> str:
+        """Assignment ids are the agent's (QP numbers repeat across hosts): one plan tells two
+        hosts' QP 100 apart by host; host names never hold '/'."""
+        return f"{host}/{flow_id}"
 
 
 class Planner:
@@ -232,13 +238,15 @@ class Planner:
         if ap is None or body["plan_id"] != ap.id:
             return
         for a in body["applied"]:
-            if a["id"] in ap.assignments:
-                ap.results[a["id"]] = {"ok": True, "sport": a["sport"], "at": now}
+            k = Applied.key(host, a["id"])
+            if k in ap.assignments:
+                ap.results[k] = {"ok": True, "sport": a["sport"], "at": now}
                 self.in_effect[(host, a["id"])] = a["sport"]
                 self.touched.add((host, a["id"]))
         for a in body["failed"]:
-            if a["id"] in ap.assignments:
-                ap.results[a["id"]] = {"ok": False, "reason": a["reason"], "at": now}
+            k = Applied.key(host, a["id"])
+            if k in ap.assignments:
+                ap.results[k] = {"ok": False, "reason": a["reason"], "at": now}
         self.db.execute("UPDATE plans SET results=? WHERE id=?",
                         (json.dumps(ap.results, sort_keys=True), ap.id))
 
@@ -515,7 +523,7 @@ class Planner:
             if fl.proto == "tcp":
                 a["dport"] = fl.dport
             per_host.setdefault(fl.host, []).append(a)
-            sent[fl.id] = {**a, "host": fl.host, "path": list(b.paths[f][p.result.assign[f]])}
+            sent[Applied.key(fl.host, fl.id)] = {**a, "host": fl.host, "path": list(b.paths[f][p.result.assign[f]])}
         for host, assignments in sorted(per_host.items()):
             self.outbox.append((host, "plan", {"plan_id": plan_id, "assignments": assignments,
                                                "epoch": self.epoch, "reason": p.reason[:256]}))
@@ -577,7 +585,8 @@ class Planner:
         ap = self.applied
         if ap is None:
             return None
-        failed = [{"id": i, "reason": r["reason"]} for i, r in ap.results.items() if not r["ok"]]
+        failed = [{"host": k.partition("/")[0], "id": k.partition("/")[2],
+                   "reason": r["reason"]} for k, r in ap.results.items() if not r["ok"]]
         return {"id": ap.id, "created": ap.created, "reason": ap.reason,
                 "assignments": len(ap.assignments),
                 "applied": sum(1 for r in ap.results.values() if r["ok"]),

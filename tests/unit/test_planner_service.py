@@ -131,7 +131,7 @@ def test_probe_learn_plan_apply_and_results():
                                                "failed": [{"id": a["id"],
                                                            "reason": "ECONNREFUSED"}]}), 4.0)
     last = p.view(4.0)["last_plan"]
-    assert last["failed"] == [{"id": a["id"], "reason": "ECONNREFUSED"}]
+    assert last["failed"] == [{"host": "node000", "id": a["id"], "reason": "ECONNREFUSED"}]
     row = p.db.execute("SELECT results FROM plans WHERE id=?", (body["plan_id"],)).fetchone()
     assert "ECONNREFUSED" in row[0]
 
@@ -246,13 +246,18 @@ def test_a_confirmed_port_holds_only_for_the_qp_of_the_host_that_confirmed_it():
     p, t = planner()
     qp_flow(p, "node000")
     qp_flow(p, "node001")
-    p.applied = Applied("plan-1", 1.0, "test", {"qp:mlx5_0:100": {"host": "node000"}})
+    p.applied = Applied("plan-1", 1.0, "test", {
+        Applied.key(h, "qp:mlx5_0:100"): {"host": h} for h in ("node000", "node001")})
     p.observe(frame("plan_result", "node000", {
         "plan_id": "plan-1", "applied": [{"id": "qp:mlx5_0:100", "sport": 0xC200}],
         "failed": []}), 2.0)
     live = p.live_flows()
     assert live[("node000", "qp:mlx5_0:100")].sport == 0xC200
     assert live[("node001", "qp:mlx5_0:100")].sport == 0xC123
+    # one plan, two assignments with one id: node000's answer settles only its own
+    last = p.view(2.0)["last_plan"]
+    assert (last["assignments"], last["applied"]) == (2, 1)
+    assert last["waiting"] == ["node001/qp:mlx5_0:100"]
 
 
 def test_diagnosis_reads_learned_paths_and_asks_for_probes():

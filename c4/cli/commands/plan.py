@@ -110,5 +110,6 @@ def plan_view(d: dict[str, Any], links: int = 20) -> Group:
                      f"{last['applied']}/{last['assignments']} in effect, "
                      f"{len(last['failed'])} failed, {len(last['waiting'])} waiting")
         for f in last["failed"][:20]:
-            parts.append(f"  [red]failed[/] {escape(f['id'])}: {escape(f['reason'])}")
+            parts.append(f"  [red]failed[/] {escape(f['host'])} {escape(f['id'])}: "
+                         f"{escape(f['reason'])}")
     return Group(*parts)
