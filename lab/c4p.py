@@ -54,18 +54,6 @@ def collide(st: LabState, *, payload: int = 4 << 20, compute_ms: float = 5.0,
                            buckets=1, hosts=[a.host, b.host], say=say)
 
 
-def conn_spines(fab: Fabric, run_dir: Path) -> dict[str, str | None]:
-    """Connection id -> the spine the fabric's ECMP sends its live 5-tuple over (the kernel's
-    own answer for the leaf's multipath route)."""
-    out = {}
-    for c in connections(run_dir):
-        src, dst = fab.nic_of_addr(c["saddr"]), fab.nic_of_addr(c["daddr"])
-        if src is None or dst is None:
-            raise LabError(f"connection {c['id']}: {c['saddr']} -> {c['daddr']} is not the lab's")
-        out[c["id"]] = fab.spine_of(src, dst, c["sport"], c["dport"])
-    return out
-
-
 def uplink_bytes(fab: Fabric, leaf: str) -> dict[str, int]:
     """Spine -> bytes `leaf` has sent up to it (its fabric interface's tx counter)."""
     out = {}
@@ -180,7 +168,7 @@ def demo(prefix: str, say: Say) -> dict[str, Any]:
         _, info = runs.run_info(st, rid)
         d = Path(info["dir"])
         before = wait_steps_since(d, 0, 8, 90)[2:]
-        spines = conn_spines(fab, d)
+        spines = runs.conn_spines(fab, d)
         rates = uplink_rates(fab, "leaf00", 1.0)
         out["before"] = median_step(before)
         say(f"   ring job, 2 ranks, 2 connections each way: ECMP's hash (fixed seed) put "
@@ -200,7 +188,7 @@ def demo(prefix: str, say: Say) -> dict[str, Any]:
             f"to {', '.join(applied['hosts'])}; the ranks reconnect at the next step boundary")
         epoch = wait_epoch(d, 0, 30)
         after = wait_steps_since(d, epoch, 6, 60)
-        spines = conn_spines(fab, d)
+        spines = runs.conn_spines(fab, d)
         rates = uplink_rates(fab, "leaf00", 1.0)
         out["after"] = median_step(after)
         out["speedup"] = out["before"] / out["after"]

@@ -15,7 +15,8 @@ from . import netns
 from .control import stop_pids, _alive
 from .fabric import LISTEN_PORT, Fabric, NicPlan
 from .state import LabError, LabState, lab_env
-from .workload import RankSpec, RunConfig, conn_id, read_steps, rank_env, ring_orders, spawn_rank
+from .workload import (RankSpec, RunConfig, conn_id, connections, read_steps, rank_env,
+                       ring_orders, spawn_rank)
 
 
 def placement(fab: Fabric, hosts: list[str] | None,
@@ -160,26 +161,36 @@ def stop_run(st: LabState, run_id: str | None) -> list[str]:
 def finish(st: LabState, run_id: str) -> None:
     with st.locked():
         st.data["runs"][run_id]["state"] = "finished"
-
+def conn_spines(fab: Fabric, run_dir: Path) -> dict[str, str | None]:
+    """Connection id -> the spine the fabric's ECMP sends its live 5-tuple over (the kernel's
+    own answer for the leaf's multipath route): where the connection runs now, on its
+    planned port after a C4P plan."""
+    out = {}
+    for c in connections(run_dir):
+        src, dst = fab.nic_of_addr(c["saddr"]), fab.nic_of_addr(c["daddr"])
+        if src is None or dst is None:
+            raise LabError(f"connection {c['id']}: {c['saddr']} -> {c['daddr']} is not the lab's")
+        out[c["id"]] = fab.spine_of(src, dst, c["sport"], c["dport"])
+    return out
 
 
 def link_load(st: LabState, run_id: str) -> dict[str, list[str]]:
-    """Fabric link -> the run's connections whose path (the lab's path map) crosses it,
-    busiest first: where a link fault touches the job most."""
-    from .workload import RunConfig
-
+    """Fabric link -> the run's connections that cross it now (their live 5-tuples as the
+    kernel routes them: after a C4P plan, the planned ports' spines, not the lab's default
+    path map), busiest first: where a link fault touches the job most."""
     _, info = run_info(st, run_id)
-    cfg = RunConfig.load(Path(info["dir"]) / "config.json")
-    topo = st.topology()
+    fab = st.fabric()
+    conns = connections(info["dir"])
+    if not conns:
+        raise LabError(f"run {run_id} has made no connection yet")
     out: dict[str, list[str]] = {}
-    for r in cfg.ranks:
-        for c in range(len(cfg.rings)):
-            peer = cfg.ranks[cfg.neighbours(r.rank, c)[1]]
-            for link in topo.path(r.host, peer.host, r.dev, peer.dev) or ():
-                if topo.links[link].kind == "fabric":
-                    out.setdefault(link, []).append(conn_id(r.rank, c))
+    for c, spine in zip(conns, conn_spines(fab, Path(info["dir"])).values()):
+        src, dst = fab.nic_of_addr(c["saddr"]), fab.nic_of_addr(c["daddr"])
+        assert src is not None and dst is not None  # conn_spines checked
+        for link in fab.path(src, dst, spine):
+            if fab.topology.links[link].kind == "fabric":
+                out.setdefault(link, []).append(c["id"])
     return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
-
 
 def start_gloo(st: LabState, *, steps: int, width: int = 512, batch: int = 32,
                hosts: list[str] | None = None, job: str | None = None,

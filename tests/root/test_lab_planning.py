@@ -164,7 +164,7 @@ def planned(lab: LabState) -> Iterator[Planned]:
     d = Path(info["dir"])
     try:
         before = c4p.wait_steps_since(d, 0, 8, 90)[2:]  # TCP's ramp-up left out
-        spines_before = c4p.conn_spines(fab, d)
+        spines_before = runs.conn_spines(fab, d)
         rates_before = c4p.uplink_rates(fab, "leaf00", 1.0)
         view = c4p.wait_proposal(lab, 4, 60)
         metrics = _metrics(lab)
@@ -172,7 +172,7 @@ def planned(lab: LabState) -> Iterator[Planned]:
         epoch = c4p.wait_epoch(d, 0, 30)
         after = c4p.wait_steps_since(d, epoch, 6, 60)
         yield Planned(d, spines_before, rates_before, view["proposal"], metrics, applied,
-                      c4p.conn_spines(fab, d), c4p.uplink_rates(fab, "leaf00", 1.0),
+                      runs.conn_spines(fab, d), c4p.uplink_rates(fab, "leaf00", 1.0),
                       c4p.median_step(before), c4p.median_step(after))
     finally:
         runs.stop_run(lab, rid)
