@@ -9,6 +9,7 @@ output every time (in-memory SQLite, simulated clock, actions forced to dry-run)
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from c4.core import record
 from c4.core.wire import Rejected
 
 from .config import AggregatorConfig
+from .planner.model import path_class
 from .server import build_core
 
 PRUNE_EVERY_S = 60.0
@@ -45,6 +47,13 @@ def topology_beside(path: Path) -> Path | None:
     return None
 
 
+def paths_beside(path: Path) -> list[dict[str, Any]]:
+    """`x.c4rec.paths.json` (lab/recording.py): each recorded connection's port and the links
+    it takes, what the live C4P path map had learned from probes; [] when there is none."""
+    beside = path.with_name(path.name + ".paths.json")
+    return list(json.loads(beside.read_text())) if beside.exists() else []
+
+
 def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | None = None,
            tick_s: float = 1.0) -> ReplayResult:
     from c4.core.topology import Topology
@@ -65,6 +74,10 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
     clock_box = [0.0]
     core = build_core(cfg, db_path=":memory:", topology=topology, clock=lambda: clock_box[0])
     ingest = core.ingest
+    # The recorded probe_results answer the live planner's probes, which the replayed one never
+    # sent: the recording's paths teach its path map instead, or connections a plan moved
+    # would be placed on their default paths.
+    known = paths_beside(path) if core.planner is not None else []
     frames = 0
     start: float | None = None
     next_tick = pruned = 0.0
@@ -82,6 +95,9 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
         now = frame.ts - off if now is None else max(now, frame.ts - off)
         if start is None:
             start, next_tick, pruned = now, now + tick_s, now
+            for p in known:
+                core.planner.pathmap.learn(p["src"], p["dst"], path_class(p["proto"], p["dport"]),
+                                           p["sport"], tuple(p["links"]), now)
         while next_tick <= now:
             clock_box[0] = next_tick
             ingest.tick(next_tick)

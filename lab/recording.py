@@ -9,6 +9,12 @@ beside it the lab's topology with its path map (`.topology.json`, what the lab's
 loads) and `.truth.json` built from the fault log (`faults.jsonl`, `c4 lab faults --json`) in
 the format `c4 sim` writes, so lab/evaluate.py and `bench/diagnosis --lab DIR` score it.
 
+`.paths.json` carries the path of every TCP connection the window's reports show (eBPF
+tcp_flows), as the fabric's ECMP routes its 5-tuple: what the live C4P path map knew from its
+probes (the recorded probe_results answer probes the replay never sent, so it cannot learn
+from them). Without it a replay places a connection moved by a plan on its NIC pair's default
+path, not on its planned port's (`c4 replay` loads it, aggregator/replay.py).
+
 Simulated time 0 (`epoch`) is the window's start on the machine's clock; the agents and the
 aggregator share that clock, so `clock_skew` is 0 for every host. A fault's `suspect` is what
 the lab expects C4D to name; `accept` lists every id that counts as naming it (an access
@@ -22,11 +28,16 @@ import shutil
 import sqlite3
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from c4.core import record, wire
+from c4.core.topology import endpoint
 
 from .state import LabState
+
+Sock = tuple[str, int, str, int]  # saddr, sport, daddr, dport
+# a socket -> (src endpoint, dst endpoint, the links its 5-tuple takes), None: not the fabric's
+Route = Callable[[list[Sock]], list[tuple[str, str, list[str]] | None]]
 
 # the incident class C4D should raise for each lab fault kind (docs/lab.md, Faults)
 CLASS = {"loss": "comm_slow", "slow": "comm_slow", "down": "comm_hang", "flap": "comm_slow",
@@ -63,6 +74,41 @@ def restamp(frames: list[bytes]) -> list[bytes]:
     return out
 
 
+def socks(frames: list[bytes]) -> list[Sock]:
+    """Every TCP connection the frames' reports show (eBPF tcp_flows), in first-seen order."""
+    out: dict[Sock, None] = {}
+    for data in frames:
+        f = wire.decode(data)
+        if f.kind == "report":
+            for fl in (f.body.get("tcp_flows") or {}).get("flows") or ():
+                out[(fl["saddr"], fl["sport"], fl["daddr"], fl["dport"])] = None
+    return list(out)
+
+
+def paths_of(frames: list[bytes], route: Route) -> list[dict[str, Any]]:
+    """The `.paths.json` entries: each reported connection's port and the links it takes."""
+    ss = socks(frames)
+    return [{"src": r[0], "dst": r[1], "proto": "tcp", "dport": s[3], "sport": s[1],
+             "links": r[2]} for s, r in zip(ss, route(ss)) if r is not None]
+
+
+def fabric_route(st: LabState) -> Route:
+    """Route sockets on the lab's fabric as its ECMP does now (the kernel's answer)."""
+    fab = st.fabric()
+
+    def route(ss: list[Sock]) -> list[tuple[str, str, list[str]] | None]:
+        out: list[tuple[str, str, list[str]] | None] = []
+        for saddr, sport, daddr, dport in ss:
+            a, b = fab.nic_of_addr(saddr), fab.nic_of_addr(daddr)
+            if a is None or b is None:
+                out.append(None)
+                continue
+            out.append((endpoint(a.host, a.dev), endpoint(b.host, b.dev),
+                        fab.path(a, b, fab.spine_of(a, b, sport, dport))))
+        return out
+    return route
+
+
 def truth_of(st: LabState, start: float, end: float,
              fault_ids: list[int] | None = None) -> dict[str, Any]:
     """The faults active in [start, end) (or those listed) in c4 sim's truth format."""
@@ -93,8 +139,8 @@ def truth_of(st: LabState, start: float, end: float,
 
 def export(st: LabState, out: str | Path, start: float, end: float,
            fault_ids: list[int] | None = None) -> dict[str, Any]:
-    """Write `out` (.c4rec), `out.truth.json` and `out.topology.json` for the frames that
-    arrived in [start, end) (machine clock); returns the truth."""
+    """Write `out` (.c4rec), `out.truth.json`, `out.topology.json` and `out.paths.json` for
+    the frames that arrived in [start, end) (machine clock); returns the truth."""
     out = Path(out)
     frames = _frames(st.dir / "c4.db", start, end)
     out.unlink(missing_ok=True)
@@ -105,4 +151,5 @@ def export(st: LabState, out: str | Path, start: float, end: float,
     truth["frames"] = len(frames)
     Path(f"{out}.truth.json").write_text(json.dumps(truth, indent=1, sort_keys=True))
     shutil.copyfile(st.dir / "topology.json", f"{out}.topology.json")
+    Path(f"{out}.paths.json").write_text(json.dumps(paths_of(frames, fabric_route(st))))
     return truth
