@@ -21,7 +21,7 @@ from .hang import HangDetector
 from .hardware import Hardware
 from .incidents import Incidents
 from .loss import LossDetector
-from .model import Model, PathSource
+from .model import Comm, Model, PathSource
 from .outage import OutageDetector
 from .probes import Prober
 from .slow import SlowDetector
@@ -160,7 +160,7 @@ class Diagnosis:
     # -- queries (API thread) -------------------------------------------------------------
     def incidents(self, state: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
-            return self.store.list(state)
+            return self.store.query(state)
 
     def incident(self, incident_id: int) -> dict[str, Any] | None:
         with self.lock:
@@ -169,7 +169,7 @@ class Diagnosis:
     def jobs(self) -> list[dict[str, Any]]:
         with self.lock:
             now = self.clock
-            by_job: dict[str, list] = {}
+            by_job: dict[str, list[Comm]] = {}
             for c in self.model.comms.values():
                 by_job.setdefault(c.job, []).append(c)
             open_by_job: dict[str, list[int]] = {}

@@ -47,11 +47,12 @@ class Counters:
         for c in cells:
             for rank, names in ((c.src, TX), (c.dst, RX)):
                 rk = comm.ranks.get(rank)
-                rates = self.rates.get(rk.nic or "") if rk else None
-                if not rates:
+                nic = rk.nic if rk else None
+                rates = self.rates.get(nic) if nic else None
+                if nic is None or not rates:
                     continue
                 for name in names:
                     v = rates.get(name, 0.0)
                     if v >= max(self.cfg.counter_min_rate, self.cfg.counter_ratio * base[name]):
-                        out.setdefault(rk.nic, {})[name] = round(v, 1)  # type: ignore[index]
+                        out.setdefault(nic, {})[name] = round(v, 1)
         return out

@@ -235,7 +235,7 @@ class HangDetector:
         by_host: dict[str, list[Rank]] = {}
         for r in culprits:
             by_host.setdefault(r.host, []).append(r)
-        pointed = Counter()  # stall events naming a culprit as the peer they wait on
+        pointed: Counter[int] = Counter()  # stall events naming a culprit as the peer they wait on
         culprit_ranks = {r.rank for r in culprits}
         for r in stalled:
             for w in (r.stall or {}).get("waiting", []):
@@ -270,7 +270,7 @@ class HangDetector:
         return out
 
     def _comm(self, comm: Comm, live: list[Rank], ev: dict[str, Any], first: float) -> Finding:
-        stuck: set[Hashable] = set()
+        stuck: set[tuple[int, int]] = set()
         share = STUCK_SHARE * comm.interval
         for r in live:
             for dst, (nbytes, net) in r.sends.items():
@@ -287,11 +287,13 @@ class HangDetector:
         stuck &= set(cells)
         ranked = localise.rank(stuck, cells) if stuck else []
         top = ranked[0] if ranked else None
-        e = dict(ev, stuck_connections=sorted(f"{a}->{b}" for a, b in stuck)[:16])  # type: ignore[misc]
+        e = dict(ev, stuck_connections=sorted(f"{a}->{b}" for a, b in stuck)[:16])
         suspects: list[Suspect] = []
         aliases: tuple[str, ...] = ()
+        # the stuck cells it explains: all are comm's (the filter types them as its keys)
+        bad = [k for k in top.bad if k in comm.cells] if top is not None else []
         if top is not None:
-            suspects, named, aliases = localise.name(top, nic_path(comm, top.bad))
+            suspects, named, aliases = localise.name(top, nic_path(comm, bad))
             e.update(named, connections_through_suspect=top.n_all)
         where = describe(suspects[0], self.cfg.localise_confidence) if suspects else \
             "no single component (ambiguous)"
@@ -299,7 +301,7 @@ class HangDetector:
                    f"data moved for {ev['stalled_s']:.0f}s; {len(stuck)} connection(s) stuck in "
                    f"network wait; suspect: {where}")
         return Finding("comm_hang", comm.job, comm.comm, suspects, summary, e, first,
-                       matrix=matrix(comm, top.bad) if top else None, aliases=aliases)
+                       matrix=matrix(comm, bad) if top else None, aliases=aliases)
 
 
 def _still(r: Rank, stalled_s: float) -> bool:

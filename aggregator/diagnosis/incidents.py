@@ -95,7 +95,7 @@ class Incidents:
             cand = self.mem[iid]
             if k == f.scope and self._confident(cand):
                 continue  # it names something already: this is another fault
-            if k == host_key and sure and self._confident(cand) and \
+            if k == host_key and sure and top is not None and self._confident(cand) and \
                     CLASS_RANK[cand.cls] == CLASS_RANK[f.cls] and cand.suspects[0]["id"] != top.id:
                 continue  # two named culprits of one tier on a host (a straggler and a slow
                 # NIC): two faults, not a cause and its symptom
@@ -139,7 +139,7 @@ class Incidents:
         its suspects when none is confident: e.g. the connections of a flapping NIC look slow
         and the slow-connection analysis cannot tell the NIC from its peer."""
         top = f.top
-        for s in ([top] if self._sure(f) else f.suspects):
+        for s in ([top] if top is not None and self._sure(f) else f.suspects):
             inc = self._open_for([s.key])
             if inc is not None and CLASS_RANK[inc.cls] < CLASS_RANK[f.cls]:
                 return inc
@@ -160,7 +160,8 @@ class Incidents:
             (f.cls, "open", f.job, f.comm, f.summary, "[]", "{}", None, f.first_symptom, now,
              None, None, now, "[]", "[]", now, hold))
         self.db.commit()
-        inc = Incident(int(cur.lastrowid), f.cls, "open", f.job, f.comm, f.summary, [], {},
+        assert cur.lastrowid is not None  # set by the INSERT
+        inc = Incident(cur.lastrowid, f.cls, "open", f.job, f.comm, f.summary, [], {},
                        None, f.first_symptom, now, None, None, now, [], set(), now, hold)
         self.mem[inc.id] = inc
         self.log.warning("incident %d opened: %s: %s", inc.id, f.cls, f.summary)
@@ -287,7 +288,8 @@ class Incidents:
             i.dirty = False
 
     # -- queries --------------------------------------------------------------------------
-    def list(self, state: str | None) -> list[dict[str, Any]]:
+    def query(self, state: str | None) -> list[dict[str, Any]]:
+        """Incidents in `state` (all when None), newest first."""
         self.flush()
         sql = f"SELECT id, {', '.join(_COLS)} FROM incidents"
         rows = (self.db.execute(sql + " WHERE state = ? ORDER BY id DESC", (state,)) if state
@@ -321,7 +323,7 @@ def _is_scope(key: str) -> bool:
     return key.partition(":")[0] in CLASS_RANK
 
 
-def _to_row(i: Incident) -> tuple:
+def _to_row(i: Incident) -> tuple[Any, ...]:
     vals = {"class": i.cls, "state": i.state, "job": i.job, "comm": i.comm, "summary": i.summary,
             "suspects": json.dumps(i.suspects), "evidence": json.dumps(i.evidence),
             "matrix": json.dumps(i.matrix) if i.matrix is not None else None,
@@ -331,7 +333,7 @@ def _to_row(i: Incident) -> tuple:
     return tuple(vals[c] for c in _COLS)
 
 
-def _from_row(row: tuple) -> Incident:
+def _from_row(row: tuple[Any, ...]) -> Incident:
     d = dict(zip(("id",) + _COLS, row))
     for c in _JSON:
         d[c] = json.loads(d[c]) if d[c] is not None else None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Mapping
+from typing import AbstractSet, Any, Hashable, Iterable, Mapping, TypeVar
 
 from .findings import Suspect
 
@@ -33,6 +33,7 @@ _C = math.log(ALPHA / (1 - ALPHA))
 Component = tuple[str, str, "str | None", int]
 PRIO_HOST, PRIO_NIC, PRIO_FABRIC, PRIO_ACCESS, PRIO_PAIR = range(5)
 _INTO = "=>"
+K = TypeVar("K", bound=Hashable)  # a detector's cell key
 
 
 def directed(link: str, to: str) -> str:
@@ -73,33 +74,43 @@ class Hypothesis:
         return [self] + self.rivals
 
 
-def rank(bad: set[Hashable], cells: Mapping[Hashable, list[Component]],
+@dataclass(slots=True)
+class _Tally:
+    """What a candidate touches: all its cells, its bad ones, and an order-free
+    fingerprint (xor of cell hashes) that groups candidates covering the same cells."""
+    n_all: int = 0
+    n_bad: int = 0
+    cells_xor: int = 0
+    bad: list[Hashable] = field(default_factory=list)
+
+
+def rank(bad: AbstractSet[Hashable], cells: Mapping[Hashable, list[Component]],
          exclude: frozenset[tuple[str, str]] = frozenset()) -> list[Hypothesis]:
     """Candidates that touch a bad cell, best first, with posteriors (aliases merged);
     `exclude`: (kind, id) of components already known faulty."""
-    cand: dict[Component, list] = {}
+    cand: dict[Component, _Tally] = {}
     for key in bad:
         for comp in cells.get(key, ()):
             if (comp[0], comp[1]) not in exclude:
-                cand.setdefault(comp, [0, 0, 0, []])
+                cand.setdefault(comp, _Tally())
     if not cand:
         return []
     for key, comps in cells.items():
         is_bad = key in bad
-        h = hash(key)
+        kh = hash(key)
         for comp in comps:
             acc = cand.get(comp)
             if acc is not None:
-                acc[0] += 1
-                acc[2] ^= h
+                acc.n_all += 1
+                acc.cells_xor ^= kh
                 if is_bad:
-                    acc[1] += 1
-                    acc[3].append(key)
+                    acc.n_bad += 1
+                    acc.bad.append(key)
     n_bad_total = len(bad)
-    groups: dict[tuple[int, int, int], list[tuple[Component, list]]] = {}
+    groups: dict[tuple[int, int, int], list[tuple[Component, _Tally]]] = {}
     for comp, acc in cand.items():
-        groups.setdefault((acc[0], acc[1], acc[2]), []).append((comp, acc))
-    hyps = []
+        groups.setdefault((acc.n_all, acc.n_bad, acc.cells_xor), []).append((comp, acc))
+    hyps: list[Hypothesis] = []
     for (n_all, n_bad, _), members in groups.items():
         members.sort(key=lambda m: (m[0][3], m[0][1]))
         # Aliases that are parts of one another (a host, its NIC, the NIC's cable) name one
@@ -113,7 +124,7 @@ def rank(bad: set[Hashable], cells: Mapping[Hashable, list[Component]],
         ll = n_bad * _A + (n_all - n_bad) * _B + (n_bad_total - n_bad) * _C
         h = Hypothesis(kind, cid, host, n_all, n_bad, ll,
                        aliases=[f"{m[0][0]}:{m[0][1]}" for m in members[1:]],
-                       bad=sorted(acc[3], key=repr))
+                       bad=sorted(acc.bad, key=repr))
         h.split = len(roots)
         hyps.append(h)
     # A hypothesis competes with those explaining some of the same bad cells (and with "no
@@ -186,7 +197,7 @@ def peel(bad: set[Hashable], cells: Mapping[Hashable, list[Component]], confiden
     return found, (rank(bad, cells, frozenset(named)) if bad else [])
 
 
-def votes(bad: Iterable[Hashable], paths: Mapping[Hashable, list[str] | None]) -> dict[str, int]:
+def votes(bad: Iterable[K], paths: Mapping[K, list[str] | None]) -> dict[str, int]:
     """How many bad cells' paths cross each link (evidence for people)."""
     out: dict[str, int] = {}
     for key in bad:

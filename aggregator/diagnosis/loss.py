@@ -159,7 +159,7 @@ class LossDetector:
             if comm is not None and all(m is comm for m, _ in conns) else None
         suspects, named, aliases = localise.name(top, path)
         counts = {f"{nic} {end}": round(self.ends[(end, nic)].bad_rate, 1)
-                  for end, nic in sorted(top.bad)[:8]}  # type: ignore[misc]
+                  for end, nic in sorted(k for k in top.bad if k in self.ends)[:8]}
         ev: dict[str, Any] = {
             "loss_counters": counts,
             "counting_nic_ends": top.n_bad,

@@ -70,7 +70,7 @@ class FlowCell:
         self.job = job
         self.moved = now
         self.retrans: deque[float] = deque(maxlen=FLOW_REPORTS)
-        self.tag: tuple | None = None
+        self.tag: tuple[Any, ...] | None = None  # model.route's cache key, as Cell.tag
         self.path: list[str] | None = None
         self.comps: list[localise.Component] = []
         self.src = self.dst = ""
@@ -224,7 +224,8 @@ class OutageDetector:
                        for m, c in conns)
         job = jobs.most_common(1)[0][0] if jobs else None
         comm = next((m for m, _ in conns if m is not None and m.job == job), None)
-        path = nic_path(comm, [(c.src, c.dst) for m, c in conns]) \
+        # connections of a communicator are plugin cells (flows have none)
+        path = nic_path(comm, [(c.src, c.dst) for _, c in conns if isinstance(c, Cell)]) \
             if comm is not None and all(m is comm for m, _ in conns) else None
         suspects, named, aliases = localise.name(top, path)
         nics = sorted(str(k[1]) for k in top.bad if isinstance(k, tuple) and k[0] == "nic")

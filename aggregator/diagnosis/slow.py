@@ -8,7 +8,7 @@ batch pass over history)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Hashable
+from typing import Any, Hashable, Sequence
 
 from . import localise
 from .config import DiagnosisConfig
@@ -213,11 +213,11 @@ def describe(top: Suspect, confidence: float) -> str:
         "no single component (ambiguous)"
 
 
-def nic_path(comm: Comm, keys: list[Hashable]) -> str | None:
+def nic_path(comm: Comm, keys: Sequence[tuple[int, int]]) -> str | None:
     """The path of connections that all join the same two NICs (NIC -> NIC), or the same two
     hosts (host -> host)."""
     nics, hosts = set(), set()
-    for src, dst in keys:  # type: ignore[misc]
+    for src, dst in keys:
         s, d = comm.ranks.get(src), comm.ranks.get(dst)
         if s is None or d is None:
             return None
@@ -226,13 +226,13 @@ def nic_path(comm: Comm, keys: list[Hashable]) -> str | None:
     return nics.pop() if len(nics) == 1 else hosts.pop() if len(hosts) == 1 else None
 
 
-def matrix(comm: Comm, focus_cells: list[Hashable]) -> dict[str, Any] | None:
+def matrix(comm: Comm, focus_cells: Sequence[tuple[int, int]]) -> dict[str, Any] | None:
     """Seconds per GB around the suspect cells, for the terminal heatmap."""
     if not focus_cells:
         return None
     worst = max(focus_cells, key=lambda k: comm.cells[k].value)
     labels: list[int] = []
-    for src, dst in [worst] + list(focus_cells):  # type: ignore[misc]
+    for src, dst in [worst] + list(focus_cells):
         for r in (src, dst):
             if r not in labels and len(labels) < MATRIX_LABELS * 2 // 3:
                 labels.append(r)
@@ -251,4 +251,4 @@ def matrix(comm: Comm, focus_cells: list[Hashable]) -> dict[str, Any] | None:
     for r in labels:
         rk = comm.ranks.get(r)
         names.append(f"{r}@{rk.host}" if rk else str(r))
-    return {"labels": names, "cells": cells, "focus": [idx[worst[0]], idx[worst[1]]]}  # type: ignore[index]
+    return {"labels": names, "cells": cells, "focus": [idx[worst[0]], idx[worst[1]]]}

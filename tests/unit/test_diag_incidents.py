@@ -37,7 +37,7 @@ def test_repeated_findings_are_one_incident_localised_after_persistence(db):
     for i in range(3):
         got = inc.report(finding(), 100.0 + i)
         assert (got.localised is None) == (i < 2)
-    assert len(inc.list(None)) == 1
+    assert len(inc.query(None)) == 1
     d = inc.get(got.id)
     assert d["localised"] == 102.0 and d["detected"] == 100.0 and d["first_symptom"] == 100.0
     assert d["suspects"][0] == {"kind": "host", "id": "node003", "host": "node003",
@@ -102,7 +102,7 @@ def test_a_hardware_cause_found_later_takes_over_the_symptom(db):
     hw = inc.report(finding("hw_nic_down", "nic", "node003/mlx5_2", conf=0.95, direct=True), 101)
     assert hw.id == hang.id and hw.cls == "hw_nic_down"
     assert hw.evidence["symptoms"] == {"comm_hang": "comm_hang at node003/mlx5_2"}
-    assert len(inc.list(None)) == 1
+    assert len(inc.query(None)) == 1
 
 
 def test_a_silent_host_with_its_ranks_missing_is_as_sure_as_the_hang(db):
@@ -124,8 +124,8 @@ def test_resolves_after_the_hold_down_and_a_recurrence_is_a_new_incident(db):
     assert d["state"] == "resolved" and d["resolved"] == 131
     again = inc.report(finding(), 140)
     assert again.id != first.id
-    assert [i["id"] for i in inc.list("resolved")] == [first.id]
-    assert [i["id"] for i in inc.list(None)] == [again.id, first.id]  # newest first
+    assert [i["id"] for i in inc.query("resolved")] == [first.id]
+    assert [i["id"] for i in inc.query(None)] == [again.id, first.id]  # newest first
 
 
 def test_open_incidents_survive_a_restart_of_the_aggregator(db):
@@ -169,4 +169,4 @@ def test_memory_keeps_only_recent_resolved_incidents_but_sqlite_keeps_all(db):
         inc.tick(105 + 10 * i)
     assert len(inc.mem) == 2
     assert inc.get(ids[0])["state"] == "resolved"
-    assert len(inc.list("resolved")) == 5
+    assert len(inc.query("resolved")) == 5
