@@ -47,7 +47,7 @@ def _quiet_highs() -> None:
     try:
         with open(os.devnull, "wb") as null:
             os.dup2(null.fileno(), 1)
-            highspy.Highs()
+            highspy.Highs()  # type: ignore[no-untyped-call]  # highspy 1.16: __init__ unannotated
             ctypes.CDLL(None).fflush(None)  # C stdio may hold it when stdout is no terminal
     finally:
         os.dup2(saved, 1)
@@ -970,7 +970,7 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     if integral:
         lp.integrality_ = ([highspy.HighsVarType.kContinuous] if minmax else []) + \
             [highspy.HighsVarType.kInteger] * len(cols)
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy 1.16: __init__ unannotated
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", max(1e-3, deadline - time.perf_counter()))
     h.setOptionValue("threads", 1)
