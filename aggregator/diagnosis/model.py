@@ -4,6 +4,7 @@ arrival clock; nothing compares timestamps across hosts."""
 from __future__ import annotations
 
 from collections import Counter, deque
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Mapping, Protocol
 
@@ -32,6 +33,14 @@ MARGINAL_REPORTS = 20
 LEARNED_REFRESH_S = 5.0  # a learned path (C4P's probes) is looked up again this often
 _TOPOLOGY_PATH = object()  # a placed connection's tag: its path is the topology's
 Sock = tuple[str, int, str, int]  # a TCP connection as its sender sees it: saddr, sport, daddr, dport
+
+
+class Placed(Protocol):
+    """A connection place() keeps its components on (a Cell, a TcpCell)."""
+
+    path: list[str] | None
+    comps: list[Component]
+    tag: tuple[Any, ...] | None
 
 
 class PathSource(Protocol):
@@ -149,7 +158,7 @@ class Cell(SlowWindow):
         self.seen = -1e18
         self.path: list[str] | None = None
         self.comps: list[Component] = []
-        self.tag: tuple | None = None  # what `path` and `comps` were computed from (place)
+        self.tag: tuple[Any, ...] | None = None  # what `path` and `comps` were computed from (place)
         # log(value / the communicator's baseline) of its recent reports (marginal slowness)
         self.devs: deque[float] = deque(maxlen=MARGINAL_REPORTS)
 
@@ -220,7 +229,7 @@ class Model:
     def on_hello(self, host: str, body: dict[str, Any]) -> None:
         info = self.host(host)
         info.interval = float(body.get("interval") or info.interval)
-        nics = []
+        nics: list[tuple[int, int, str]] = []
         for nic in body.get("nics", []):
             rails = [p.get("rail") for p in nic.get("ports", []) if p.get("rail") is not None]
             nics.append((rails[0] if rails else 1 << 20, len(nics), nic["dev"]))
@@ -312,7 +321,7 @@ class Model:
             return None
         return self.place(cell, s.host, s.nic, d.host, d.nic, self.rank_socks(s, d))
 
-    def place(self, conn: Any, s_host: str, s_nic: str | None, d_host: str, d_nic: str | None,
+    def place(self, conn: Placed, s_host: str, s_nic: str | None, d_host: str, d_nic: str | None,
               socks: tuple[Sock, ...] = ()) -> list[Component]:
         """A connection's components (kept in its `path`, `comps` and `tag`), recomputed
         when its ends, its sockets or their paths change (a learned path is looked up
@@ -457,19 +466,23 @@ class Model:
         sends bulk data (acked `bulk_bytes` in a report): a rank's connection is placed on
         its own sockets' paths (rank_socks)."""
         table = self.socks.setdefault(host, {})
-        listed = set()
+        listed: set[Sock] = set()
         for f in section.get("flows") or ():
             sock = (bare_addr(f["saddr"]), f["sport"], bare_addr(f["daddr"]), f["dport"])
             listed.add(sock)
-            old = table.pop(sock, None)
-            if old is not None:
-                self._disown(host, sock, old[0])
-            if f["closed"] or not f.get("pid"):
+            old = table.get(sock)
+            pid = f.get("pid")
+            if f["closed"] or not pid:
+                if old is not None:
+                    del table[sock]
+                    self._disown(host, sock, old[0])
                 continue
-            bulk = f["bytes_acked_delta"] >= bulk_bytes or (
-                old is not None and old == (f["pid"], True))
-            table[sock] = (f["pid"], bulk)
-            self.pid_socks.setdefault((host, f["pid"]), set()).add(sock)
+            bulk = f["bytes_acked_delta"] >= bulk_bytes or old == (pid, True)
+            if old is None or old[0] != pid:  # new, or its port now another process's
+                if old is not None:
+                    self._disown(host, sock, old[0])
+                self.pid_socks.setdefault((host, pid), set()).add(sock)
+            table[sock] = (pid, bulk)
         if section.get("refresh") and not section.get("omitted"):
             for sock in [k for k in table if k not in listed]:  # a missed close
                 self._disown(host, sock, table.pop(sock)[0])
@@ -565,6 +578,7 @@ class Model:
                 del self.flows[job]
 
 
+@lru_cache(maxsize=1 << 16)  # a pure function of the few addresses every report repeats
 def bare_addr(addr: str) -> str:
     """An address as flows show it: no prefix length, IPv4-mapped IPv6 as IPv4."""
     addr = addr.partition("/")[0]

@@ -50,7 +50,10 @@ METRICS: dict[str, tuple[float, str]] = {
 }
 
 
-@dataclass
+FlowKey = tuple[str, int, str, int]  # a flow as its host lists it: saddr, sport, daddr, dport
+
+
+@dataclass(slots=True)
 class Flow:
     """One socket as last listed by its host."""
 
@@ -74,7 +77,7 @@ class TcpCell(SlowWindow):
     socks: tuple[Sock, ...] = ()  # its bulk sockets in the last interval with data
     path: list[str] | None = None
     comps: list[localise.Component] = field(default_factory=list)
-    tag: tuple | None = None
+    tag: tuple[Any, ...] | None = None
 
     def __post_init__(self) -> None:
         SlowWindow.__init__(self)
@@ -113,7 +116,7 @@ class TcpDetector:
         self.cfg = cfg
         self.model = model
         self.mask = (1 << cfg.slow_window) - 1
-        self.flows: dict[str, dict[tuple, Flow]] = {}  # host -> flow key -> state
+        self.flows: dict[str, dict[FlowKey, Flow]] = {}  # host -> flow key -> state
         self.jobs: dict[str, TcpJob] = {}
         self.skipped: Counter[str] = Counter()  # flows not diagnosed, by reason
         self.host_jobs: dict[str, Counter[str]] = {}  # host -> job -> its tracked flows
@@ -124,39 +127,60 @@ class TcpDetector:
         table = self.flows.setdefault(host, {})
         counts = self.host_jobs.setdefault(host, Counter())
         before = set(counts)
-        listed: set[tuple] = set()
+        listed: set[FlowKey] = set()
         # (job, daddr) -> [acked, retrans, rtt*bytes, saddr, its bulk sockets]
-        acc: dict[tuple[str, str], list] = {}
+        acc: dict[tuple[str, str], list[Any]] = {}
         moved: Counter[str] = Counter()  # job -> bytes its flows here moved this interval
         zero: list[tuple[str, str]] = []  # (job, daddr) whose window was 0 this interval
+        # A report's flows share a few owners and source addresses: each is resolved once
+        # here (the model does not change while one report is read).
+        jobs: dict[tuple[Any, Any], str | None] = {}  # (pid, agent's job) -> job
+        srcs: set[str] = set()
+        addrs, min_bytes = self.model.addrs, self.cfg.tcp_min_bytes
+        no_job = 0
         for f in section.get("flows") or ():
-            key = (f["saddr"], f["sport"], f["daddr"], f["dport"])
+            saddr, daddr = f["saddr"], f["daddr"]
+            key = (saddr, f["sport"], daddr, f["dport"])
             listed.add(key)
-            job = self.model.job_of_flow(host, f)
+            owner = (f.get("pid"), f.get("job"))
+            if owner in jobs:
+                job = jobs[owner]
+            else:
+                job = jobs[owner] = self.model.job_of_flow(host, f)
             if not job:
-                self.skipped["no_job"] += 1
-                self._drop(table, counts, key)
+                no_job += 1
+                if key in table:
+                    self._drop(table, counts, key)
                 continue
-            self.model.addrs.setdefault(bare_addr(f["saddr"]), (host, None))
+            if saddr not in srcs:
+                srcs.add(saddr)
+                addrs.setdefault(bare_addr(saddr), (host, None))
             if f["closed"]:
                 self._drop(table, counts, key)
             else:
                 old = table.get(key)
-                if old is None or old.job != job:
+                if old is not None and old.job == job:
+                    old.bytes_acked, old.retrans_segs = f["bytes_acked"], f["retrans_segs"]
+                    old.srtt_us, old.seen = f["srtt_us"], now
+                else:
                     self._drop(table, counts, key)
                     counts[job] += 1
-                table[key] = Flow(job, f["daddr"], f["bytes_acked"], f["retrans_segs"],
-                                  f["srtt_us"], now)
-            a = acc.setdefault((job, f["daddr"]), [0, 0, 0.0, f["saddr"], []])
-            a[0] += f["bytes_acked_delta"]
-            if f["bytes_acked_delta"] >= self.cfg.tcp_min_bytes:
-                a[4].append((bare_addr(f["saddr"]), f["sport"], bare_addr(f["daddr"]),
-                             f["dport"]))
+                    table[key] = Flow(job, daddr, f["bytes_acked"], f["retrans_segs"],
+                                      f["srtt_us"], now)
+            acked = f["bytes_acked_delta"]
+            a = acc.get((job, daddr))
+            if a is None:
+                a = acc[(job, daddr)] = [0, 0, 0.0, saddr, []]
+            a[0] += acked
+            if acked >= min_bytes:
+                a[4].append((bare_addr(saddr), f["sport"], bare_addr(daddr), f["dport"]))
             a[1] += f["retrans_segs_delta"]
-            a[2] += f["srtt_us"] * f["bytes_acked_delta"]
-            moved[job] += f["bytes_acked_delta"] + f["bytes_received_delta"]
+            a[2] += f["srtt_us"] * acked
+            moved[job] += acked + f["bytes_received_delta"]
             if f.get("zero_window_delta"):
-                zero.append((job, f["daddr"]))
+                zero.append((job, daddr))
+        if no_job:
+            self.skipped["no_job"] += no_job
         if section.get("refresh") and not section.get("omitted"):
             for key in [k for k in table if k not in listed]:
                 self._drop(table, counts, key)  # the host no longer has it (a missed close)
@@ -172,7 +196,7 @@ class TcpDetector:
             self.model.set_flows(job, host, n)
 
     @staticmethod
-    def _drop(table: dict[tuple, Flow], counts: Counter[str], key: tuple) -> None:
+    def _drop(table: dict[FlowKey, Flow], counts: Counter[str], key: FlowKey) -> None:
         old = table.pop(key, None)
         if old is not None:
             counts[old.job] -= 1
@@ -191,7 +215,7 @@ class TcpDetector:
         """Hang state: which jobs' flows this host holds, whether they moved, the state of
         their processes, and the peers whose receive window was closed to them."""
         owners: dict[str, dict[int, str]] = {}
-        for o in section.get("owners") or ():
+        for o in (section.get("owners") or ()) if counts else ():  # kept per tracked job
             job = self.model.job_of_flow(host, o)
             if job:
                 owners.setdefault(job, {})[o["pid"]] = o["state"]
