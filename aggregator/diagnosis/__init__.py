@@ -112,9 +112,9 @@ class Diagnosis:
             a = body["attrs"]
             comm = self.model.comms.get(a["comm"])
             rk = comm.ranks.get(a["rank"]) if comm else None
-            if rk is not None and rk.host == host:
+            if comm is not None and rk is not None and rk.host == host:
                 rk.stall = a
-                self.outage.on_stall(comm, rk, a, now)  # type: ignore[arg-type]
+                self.outage.on_stall(comm, rk, a, now)
             return
         self.hardware.on_event(host, body, now)
 

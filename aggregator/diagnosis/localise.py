@@ -182,7 +182,7 @@ def peel(bad: set[Hashable], cells: Mapping[Hashable, list[Component]], confiden
         top = ranked[0]
         found.append(ranked)
         named.add((top.kind, top.id))
-        named.update(tuple(a.split(":", 1)) for a in top.aliases)  # type: ignore[misc]
+        named.update((kind, cid) for kind, _, cid in (a.partition(":") for a in top.aliases))
         keep: set[Hashable] = set()
         if values:
             vals = sorted(values[k] for k in top.bad)

@@ -112,11 +112,11 @@ class LossDetector:
             self.floor[end] = max(self.cfg.counter_min_rate, self.cfg.counter_ratio * base)
         carried: dict[Hashable, list[tuple[Comm, Cell]]] = {}  # end -> its fresh connections
 
-        def components(key: Hashable) -> list[localise.Component] | None:
-            e = live[key]  # type: ignore[index]
+        def components(key: tuple[str, str]) -> list[localise.Component] | None:
+            e = live[key]
             conns = carried[key] = [
                 (m, c) for m, c in e.conns.values()
-                if now - c.seen <= fresh and self._through(m, c, key)  # type: ignore[arg-type]
+                if now - c.seen <= fresh and self._through(m, c, key)
                 and self.model.components(m, c) is not None]
             return list(dict.fromkeys(x for _, c in conns for x in c.comps)) or None
 
@@ -171,6 +171,7 @@ class LossDetector:
         summary = (f"{top.n_bad} NIC end(s) count packet loss ({names}) on connections that "
                    f"cross one component, {top.n_all - top.n_bad} clean; suspect: "
                    f"{describe(suspects[0], self.cfg.localise_confidence)}")
-        first = min(self.ends[k].since for k in top.bad)  # type: ignore[index]
+        # every bad key is an end (the filter types it)
+        first = min(self.ends[k].since for k in top.bad if k in self.ends)
         return Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
                        first, aliases=aliases)

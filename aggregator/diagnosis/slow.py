@@ -76,7 +76,9 @@ class SlowDetector:
                             lambda k: self.model.components(comm, comm.cells[k]))
         if not bad:
             return out
-        values = {k: comm.cells[k].slow_value for k in bad}  # type: ignore[index]
+        # every bad key is a cell of comm's (the filter types it)
+        values: dict[Hashable, float] = {k: comm.cells[k].slow_value for k in bad
+                                         if k in comm.cells}
         found, rest = localise.peel(bad, cells, self.cfg.localise_confidence, values,
                                     self.cfg.slow_ratio)
         out += [self._finding(comm, ranked, now) for ranked in found]
