@@ -275,11 +275,12 @@ class Model:
         rk = comm.ranks.get(s["rank"])
         if rk is None or rk.host != host:
             rk = comm.ranks[s["rank"]] = Rank(s["rank"], host)
-        if s.get("pid") is not None:
-            if rk.pid is not None and rk.pid != s["pid"]:
+        pid = s.get("pid")
+        if pid is not None:
+            if rk.pid is not None and rk.pid != pid:
                 self.pids.pop((host, rk.pid), None)
-            rk.pid = s["pid"]
-            self.pids[(host, rk.pid)] = (comm.comm, rk.rank)
+            rk.pid = pid
+            self.pids[(host, pid)] = (comm.comm, rk.rank)
         if rk.nic is None or s.get("dev") != rk.dev:
             rk.dev = s.get("dev")
             rk.nic = self.nic_endpoint(host, rk.dev)
@@ -291,7 +292,10 @@ class Model:
             rk.seen = now
         rk.listed = now
         rk.fresh = True
-        ops = sum(c["count"] for c in s["colls"])
+        ops, op_s = 0, 0.0
+        for c in s["colls"]:
+            ops += c["count"]
+            op_s += c["time_s"]
         if ops and interval > 0:
             rk.pace.append(interval / ops)
             rk.period = median(rk.pace)
@@ -311,7 +315,7 @@ class Model:
         rk.sends = {k: (int(v[0]), v[1]) for k, v in sends.items()}
         eops = s.get("entry_ops") or 0
         rk.ew = s.get("entry_wait_s", 0.0) / eops if eops else None
-        rk.op = sum(c["time_s"] for c in s["colls"]) / ops if ops else None
+        rk.op = op_s / ops if ops else None
         return comm, rk
 
     def components(self, comm: Comm, cell: Cell) -> list[Component] | None:

@@ -142,11 +142,7 @@ class TcpDetector:
             saddr, daddr = f["saddr"], f["daddr"]
             key = (saddr, f["sport"], daddr, f["dport"])
             listed.add(key)
-            owner = (f.get("pid"), f.get("job"))
-            if owner in jobs:
-                job = jobs[owner]
-            else:
-                job = jobs[owner] = self.model.job_of_flow(host, f)
+            job = self._job_of(host, f, jobs)
             if not job:
                 no_job += 1
                 if key in table:
@@ -187,13 +183,23 @@ class TcpDetector:
         for (job, daddr), (acked, retrans, rtt_b, saddr, socks) in acc.items():
             self._sample(host, job, saddr, daddr, acked, retrans, rtt_b, interval, now,
                          tuple(sorted(socks)))
-        self._progress(host, section, counts, moved, zero, interval, now)
+        self._progress(host, section, counts, moved, zero, jobs, interval, now)
         for job in before - set(counts):  # none of its flows left here
             self.model.set_flows(job, host, 0)
             if job in self.jobs:
                 self._forget_host(self.jobs[job], host)
         for job, n in counts.items():
             self.model.set_flows(job, host, n)
+
+    def _job_of(self, host: str, f: dict[str, Any],
+                jobs: dict[tuple[Any, Any], str | None]) -> str | None:
+        """model.job_of_flow, once per owner (pid, the agent's job) of one report: `jobs`
+        lives as long as the report (the next one may find the pid another process's)."""
+        owner = (f.get("pid"), f.get("job"))
+        if owner in jobs:
+            return jobs[owner]
+        job = jobs[owner] = self.model.job_of_flow(host, f)
+        return job
 
     @staticmethod
     def _drop(table: dict[FlowKey, Flow], counts: Counter[str], key: FlowKey) -> None:
@@ -210,13 +216,14 @@ class TcpDetector:
         return tj
 
     def _progress(self, host: str, section: dict[str, Any], counts: Counter[str],
-                  moved: Counter[str], zero: list[tuple[str, str]], interval: float,
-                  now: float) -> None:
+                  moved: Counter[str], zero: list[tuple[str, str]],
+                  jobs: dict[tuple[Any, Any], str | None], interval: float, now: float) -> None:
         """Hang state: which jobs' flows this host holds, whether they moved, the state of
-        their processes, and the peers whose receive window was closed to them."""
+        their processes, and the peers whose receive window was closed to them. `jobs`: the
+        report's owners already resolved, (pid, agent's job) -> job."""
         owners: dict[str, dict[int, str]] = {}
         for o in (section.get("owners") or ()) if counts else ():  # kept per tracked job
-            job = self.model.job_of_flow(host, o)
+            job = self._job_of(host, o, jobs)  # mostly the flows' owners: resolved
             if job:
                 owners.setdefault(job, {})[o["pid"]] = o["state"]
         for job in counts:
