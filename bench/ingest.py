@@ -4,7 +4,7 @@ frames/s and us/frame of each stage on realistic frames, with ratios to the base
 numbers; asserts nothing; needs no root.
 
     .venv/bin/python bench/ingest.py [--quick] [--repeats 3] [--hosts 64] [--sim-seconds 20]
-                                     [--mix agent|tcp1000|sim ...]
+                                     [--mix agent|tcp1000|tcpjob|sim ...]
 
 Stages (each one includes the work of the ones above it):
   unpack      msgpack.unpackb with the limits c4.core.wire.decode passes (the baseline, 1.00x)
@@ -16,12 +16,17 @@ Stages (each one includes the work of the ones above it):
   full        build_core() as `c4 aggregator run` wires it (on-disk WAL db, C4D diagnosis,
               dry-run actions), one transaction per frame
   full/batch  the same, BATCH frames per transaction (Ingest.batch), as the server's drain
+  c4d         C4D alone, not cumulative: Diagnosis.observe of build_core() on the frames
+              decoded beforehand, a tick per simulated second (what diagnosis adds to full)
 The ingest stages call Ingest.handle per frame and Ingest.tick once per simulated second, as
 the server does. Times are CPU time (the ingest loop is one thread).
 Frame mixes:
   agent    the reports of the golden recording tests/fixtures/wire/agent.c4rec (a real agent
            with the host, rdma and kmsg collectors), after its hello, from --hosts hosts
   tcp1000  reports carrying a tcp_flows section of 1,000 flows, from --hosts / 4 hosts
+  tcpjob   the same flows as one TCP job's (gloo): each carries the job id the agent read from
+           its owner's environment and runs to another host of the job, whose address its
+           hello announced, so C4D tracks every flow (tcp1000's have no job: skipped)
   sim      `c4 sim` frames of 256 hosts x 8 GPUs (2,048 ranks, NCCL summaries, rdma counters)
 Each stage runs over the whole stream; the best of --repeats runs is shown (fresh database
 and state every run). msgspec.msgpack.decode (untyped) is timed on the same frames too: what
@@ -61,7 +66,8 @@ GOLDEN = ROOT / "tests/fixtures/wire/agent.c4rec"
 TCP_FLOWS = 1000
 SIM_SHAPE = {"hosts": 256, "gpus_per_host": 8, "leaves": 16, "spines": 8}  # as bench/diagnosis
 T0 = 1.7e9
-STAGES = ("unpack", "decode", "decode/C", "ingest/mem", "ingest/wal", "full", "full/batch")
+STAGES = ("unpack", "decode", "decode/C", "ingest/mem", "ingest/wal", "full", "full/batch",
+          "c4d")
 BATCH = 512  # frames per transaction in full/batch (the server drains at most this many)
 
 
@@ -147,6 +153,27 @@ def tcp_mix(hosts: int, reports: int) -> Mix:
     return Mix("tcp1000", resequence(per_host))
 
 
+def tcp_job_mix(hosts: int, reports: int) -> Mix:
+    """tcp1000's flows as one job's, between hosts whose hellos announce their addresses."""
+    hello = next(f for f in map(wire.decode, record.read(GOLDEN)) if f.kind == "hello")
+    rng = random.Random(1)
+    per_host = {}
+    for h in range(hosts):
+        section = tcp_section(rng, h)
+        for i, f in enumerate(section["flows"]):
+            peer = (h + 1 + i % (hosts - 1)) % hosts
+            f.update(job="tcpjob-0", daddr=f"10.{peer >> 8}.{peer & 255}.1")
+        body = dict(hello.body, netdevs=[{"name": "eth0",
+                                          "addrs": [f"10.{h >> 8}.{h & 255}.1/24"]}])
+        per_host[f"gpu{h:04d}"] = [dataclasses.replace(hello, ts=T0 - 1.0 + h / hosts,
+                                                       body=body)] + [
+            Frame("report", "x", "x", 0, T0 + r + h / hosts,
+                  {"interval": 1.0, "health": {"tcp_flows": {"ok": True}},
+                   "tcp_flows": section})
+            for r in range(reports)]
+    return Mix("tcpjob", resequence(per_host))
+
+
 def sim_mix(seconds: float, tmp: Path) -> Mix:
     out = tmp / "sim.c4rec"
     simulate(SimConfig(**SIM_SHAPE, duration=seconds, seed=1), out)
@@ -204,6 +231,21 @@ def time_ingest(ingest: Ingest, mix: Mix, batch: int = 1) -> float:
     return elapsed
 
 
+def time_diagnosis(db: str, mix: Mix) -> float:
+    """C4D alone on the decoded frames, ticked once per simulated second as ingest does."""
+    diagnosis = build_core(AggregatorConfig(db=Path(db), actions={"dry_run": True}),
+                           topology=mix.topology).diagnosis
+    frames = [(now, fast.decode(data)) for now, data in mix.stream]
+    next_tick = frames[0][0] + 1.0
+    t0 = time.process_time()
+    for now, frame in frames:
+        if now >= next_tick:
+            diagnosis.tick(now)
+            next_tick = now + 1.0
+        diagnosis.observe(frame, now)
+    return time.process_time() - t0
+
+
 def plain_ingest(db: str) -> Ingest:
     return Ingest(Store(connect(db)), HostRegistry(), None, log=logging.getLogger("bench"))
 
@@ -228,6 +270,7 @@ def stage_runs(mix: Mix, tmp: Path) -> dict[str, Callable[[], float]]:
         "ingest/wal": lambda: time_ingest(plain_ingest(db()), mix),
         "full": lambda: time_ingest(full_ingest(db(), mix.topology), mix),
         "full/batch": lambda: time_ingest(full_ingest(db(), mix.topology), mix, BATCH),
+        "c4d": lambda: time_diagnosis(db(), mix),
     }
     stages["msgspec"] = lambda: time_each(msgspec.msgpack.Decoder().decode, mix)
     return stages
@@ -274,7 +317,7 @@ def main() -> None:
                     "64; 16 with --quick); a quarter of them send the 1,000-flow reports")
     ap.add_argument("--sim-seconds", type=float, help="simulated seconds of the 256-host "
                     "cluster (default 20; 4 with --quick)")
-    ap.add_argument("--mix", action="append", choices=("agent", "tcp1000", "sim"),
+    ap.add_argument("--mix", action="append", choices=("agent", "tcp1000", "tcpjob", "sim"),
                     help="run only this mix (repeatable; default all)")
     args = ap.parse_args()
     hosts = args.hosts or (16 if args.quick else 64)
@@ -285,6 +328,7 @@ def main() -> None:
     builders: dict[str, Callable[[Path], Mix]] = {
         "agent": lambda tmp: agent_mix(hosts, cycles=10 if args.quick else 20),
         "tcp1000": lambda tmp: tcp_mix(hosts // 4, reports=5 if args.quick else 10),
+        "tcpjob": lambda tmp: tcp_job_mix(hosts // 4, reports=5 if args.quick else 10),
         "sim": lambda tmp: sim_mix(sim_seconds, tmp),
     }
     msgspec_version = msgspec.__version__ if msgspec is not None else "not installed"

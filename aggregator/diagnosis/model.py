@@ -481,11 +481,14 @@ class Model:
                     del table[sock]
                     self._disown(host, sock, old[0])
                 continue
-            bulk = f["bytes_acked_delta"] >= bulk_bytes or old == (pid, True)
-            if old is None or old[0] != pid:  # new, or its port now another process's
-                if old is not None:
-                    self._disown(host, sock, old[0])
-                self.pid_socks.setdefault((host, pid), set()).add(sock)
+            bulk = f["bytes_acked_delta"] >= bulk_bytes
+            if old is not None and old[0] == pid:  # the same process's: a bulk sender stays one
+                if bulk and not old[1]:
+                    table[sock] = (pid, True)
+                continue
+            if old is not None:  # its port now another process's
+                self._disown(host, sock, old[0])
+            self.pid_socks.setdefault((host, pid), set()).add(sock)
             table[sock] = (pid, bulk)
         if section.get("refresh") and not section.get("omitted"):
             for sock in [k for k in table if k not in listed]:  # a missed close

@@ -142,7 +142,8 @@ class TcpDetector:
             saddr, daddr = f["saddr"], f["daddr"]
             key = (saddr, f["sport"], daddr, f["dport"])
             listed.add(key)
-            job = self._job_of(host, f, jobs)
+            owner = (f.get("pid"), f.get("job"))
+            job = jobs[owner] if owner in jobs else self._job_of(host, f, jobs)
             if not job:
                 no_job += 1
                 if key in table:
