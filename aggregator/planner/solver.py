@@ -62,6 +62,7 @@ HOOD = 1500  # flows one large-neighbourhood MILP may re-place
 MOVERS = 3000  # flows the MILP for the fewest moves takes without a neighbourhood
 WHOLE = 4096  # flows up to which a plan asks HiGHS for a placement at the whole-flow bound
 TAIL = 0.015  # seconds a re-plan keeps after its MILP for taking the answer over
+BACK = 0.012  # seconds a re-plan keeps for the MILP over its moved flows
 
 
 @dataclass
@@ -603,17 +604,20 @@ class _State:
         if got is not None:
             self.reassign(got[1])
 
-    def fewest_moves(self, prev: Sequence[int], deadline: float) -> None:
+    def fewest_moves(self, prev: Sequence[int], deadline: float,
+                     free: Sequence[int] | None = None) -> None:
         """Replace the moves made so far by the fewest that keep every arc at or below the
-        maximum reached: a MILP over the flows that may need to move (`movers`; over the
-        moved flows' neighbourhood when those are too many), every other flow fixed."""
+        maximum reached: a MILP over `free` or the flows that may need to move (`movers`;
+        over the moved flows' neighbourhood when those are too many), every other flow
+        fixed."""
         moved = self.moved(prev)
         level = self.max_util()
-        # a wider set solves faster when there is time to set it up
-        wide = deadline - time.perf_counter() > 0.2
-        free = self.movers(moved, level, MOVERS if wide else 400)
         if free is None:
-            free = self.hood(moved, max(4 * len(moved), HOOD if wide else 400), level)
+            # a wider set solves faster when there is time to set it up
+            wide = deadline - time.perf_counter() > 0.2
+            free = self.movers(moved, level, MOVERS if wide else 400)
+            if free is None:
+                free = self.hood(moved, max(4 * len(moved), HOOD if wide else 400), level)
         got = sub_milp(self, free, level, prev, True, deadline)
         if got is None:
             return
@@ -826,10 +830,11 @@ class Engine:
         improvement relieves overloaded arcs, moving displaced flows first; every other flow
         moves only to lower the maximum utilisation, and not at all once it is at or below
         `target` (a re-plan after a failure restores the utilisation the plan had before it;
-        a full plan improves further, with large-neighbourhood search when `search`). Moves
-        the final maximum does not need are undone; when more than the displaced flows
-        moved, a MILP over their neighbourhood looks for fewer moves. The last plan's state
-        is carried over instead of set up again."""
+        a full plan improves further, with large-neighbourhood search when `search`). The
+        lower maximum wins, then the fewer moves. Moves the final maximum does not need are
+        undone: single returns, ejection chains among moved flows, a MILP over the moved
+        flows (which of them go back), and with time left one over their neighbourhood. The
+        last plan's state is carried over instead of set up again."""
         t0 = time.perf_counter()
         deadline = t0 + max(budget_s, 0.0)
         prev, displaced = _usable(inst, prev)
@@ -840,6 +845,12 @@ class Engine:
         stuck = st.improve(t0 + budget_s / 3, set(displaced), target=target)
         st.restore(prev)
         level = st.max_util()
+        if len(st.moved(prev)) > len(displaced):
+            # which moved flows can go back, the others re-placed among their candidates: a
+            # MILP over the moved flows alone takes a few ms and finds returns that single
+            # moves and ejection chains miss
+            st.fewest_moves(prev, min(time.perf_counter() + BACK, t0 + budget_s * 4 / 9),
+                            st.moved(prev))
         first = {f: st.assign[f] for f in st.moved(prev)}
         # the same level again, each displaced flow where the fewest others must move: with
         # and without trying a harmless move first (each wins on some fabrics), the better
@@ -854,17 +865,23 @@ class Engine:
         fits = not best[0]
         st.reassign({f: prev[f] for f in st.moved(prev)})
         st.reassign(best[3])
+        # time kept for the MILP over the moved flows at the end
+        end = deadline if search else deadline - BACK
         if search or not (stuck and fits):
             # pass 1 stopped at a level it could not clear: a second try is left out unless a
             # full plan asks for it or the insertion missed the level
-            st.improve(deadline, set(st.moved(prev)), target=target)
+            st.improve(end, set(st.moved(prev)), target=target)
         if search:
             st.search(deadline, prev)
-        st.restore(prev, deadline)
-        if st.max_util() > level + EPS or len(st.moved(prev)) > len(first):
+        st.restore(prev, end)
+        # pass 1's result wins when the maximum is no lower and it moved fewer
+        if st.max_util() > level + EPS or (st.max_util() >= level - EPS
+                                              and len(st.moved(prev)) > len(first)):
             st.reassign({f: prev[f] for f in st.moved(prev)})
             st.reassign(first)
-            st.restore(prev, deadline)
+            st.restore(prev, end)
+        if len(st.moved(prev)) > len(displaced):
+            st.fewest_moves(prev, deadline, st.moved(prev))  # as above
         if len(st.moved(prev)) > len(displaced) and time.perf_counter() < deadline - 2 * TAIL:
             st.fewest_moves(prev, deadline - TAIL)
         return _result(st, prev, t0)

@@ -219,6 +219,24 @@ def test_fewest_moves_takes_the_solution_highs_reports_not_the_start_it_was_give
     assert st.max_util() <= 3.4 + 1e-9
 
 
+def test_a_replan_without_time_for_its_neighbourhood_milp_still_returns_needless_moves():
+    # found by a random search: improvement moves 5 flows besides the 2 displaced ones and
+    # no single return or ejection chain among the moved flows undoes them; the MILP over
+    # the moved flows alone does (1 is needed). Before it, a re-plan whose budget left no
+    # time for the neighbourhood MILP (as at 1,024 GPUs and more) kept all 7 moves.
+    cand = [[(0, 7), (3, 7)], [(0, 7), (0, 8), (1, 7)], [(4, 8), (6, 7)],
+            [(0, 7), (2, 6), (4, 8)], [(2, 3), (4, 6), (6, 8)], [(0, 4), (7, 8)],
+            [(0, 7), (1, 4)], [(2, 3), (3, 6)], [(0, 7), (2, 3)], [(0, 8), (1, 8), (3, 7)],
+            [(3, 7), (3, 8)], [(0, 1), (2, 3), (3, 6)], [(0, 6), (3, 4)], [(1, 2)]]
+    demand = np.array([1.0, 2, 1, 3, 2, 3, 1, 2, 2, 1, 2, 3, 2, 2])
+    inst = solver.Instance(np.full(9, 4.0), demand, cand)
+    prev = [0, 2, 1, 2, 0, 0, 1, 0, 0, 1, -1, 2, -1, 0]
+    r = solver.replan(inst, prev, budget_s=0.03, target=1.75)
+    assert r.max_util == 2.0
+    assert len(r.moved) == 3 == solver.min_moves(inst, prev, 2.0)
+    assert {10, 12} <= set(r.moved)
+
+
 def test_a_level_that_cannot_be_cleared_moves_nothing():
     # arc 0 carries two flows (one could move to arc 1), but arc 2 is as hot and its flow has
     # nowhere better to go: the maximum cannot drop, so no flow may move
