@@ -880,7 +880,8 @@ class Engine:
             st.reassign({f: prev[f] for f in st.moved(prev)})
             st.reassign(first)
             st.restore(prev, end)
-        if len(st.moved(prev)) > len(displaced):
+        if len(st.moved(prev)) > len(displaced) and \
+                time.perf_counter() < deadline - BACK / 2:  # setting it up takes ms too
             st.fewest_moves(prev, deadline, st.moved(prev))  # as above
         if len(st.moved(prev)) > len(displaced) and time.perf_counter() < deadline - 2 * TAIL:
             st.fewest_moves(prev, deadline - TAIL)
