@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         say("1. the lab: a leaf-spine fabric of network namespaces with real ECMP, tbf-shaped "
             "100 Mbit/s fabric links, c4's aggregator and one agent per host")
-        st = control.up(None, PREFIX, say=lambda s: say("   " + s))
+        # the agents as `c4 lab up` runs them: eBPF tcp_flows too (retransmits per connection)
+        st = control.up(None, PREFIX, control.DEFAULT_COLLECTORS + ("tcp_flows",),
+                        say=lambda s: say("   " + s))
         rows.append(Row("lab up", "8 hosts, 4 leaves, 2 spines, 8 agents",
                         f"ready in {st.data['ready_s']:.1f} s", st.data["ready_s"], True))
 
