@@ -42,3 +42,17 @@ def cluster(tmp_path: Path):
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    """A real aggregator (ZeroMQ ingest on loopback, HTTP API, SQLite in tmp_path) serving in
+    this process's threads, stopped at the end of the test."""
+    from c4.aggregator.config import AggregatorConfig
+    from c4.aggregator.server import Server
+    from tests.e2e.procs import free_port, serving
+
+    cfg = AggregatorConfig(listen=f"tcp://127.0.0.1:{free_port()}", api="127.0.0.1:0",
+                           db=tmp_path / "c4.db", insecure=True)
+    with serving(Server(cfg)) as srv:
+        yield srv

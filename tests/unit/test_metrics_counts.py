@@ -5,22 +5,9 @@ from __future__ import annotations
 
 import sqlite3
 import urllib.request
-from pathlib import Path
-from typing import Iterator
 
-import pytest
 
-from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.server import Server
-from tests.e2e.procs import free_port, serving
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    cfg = AggregatorConfig(listen=f"tcp://127.0.0.1:{free_port()}", api="127.0.0.1:0",
-                           db=tmp_path / "c4.db", insecure=True)
-    with serving(Server(cfg)) as srv:
-        yield srv
 
 
 def _scrape(srv: Server) -> dict[str, float]:

@@ -8,26 +8,15 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import msgpack
-import pytest
 import zmq
 
-from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.server import Server
 from c4.core import wire
 from c4.core.wire import Frame
-from tests.e2e.procs import free_port, serving, wait_for
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    cfg = AggregatorConfig(listen=f"tcp://127.0.0.1:{free_port()}", api="127.0.0.1:0",
-                           db=tmp_path / "c4.db", insecure=True)
-    with serving(Server(cfg)) as srv:
-        yield srv
+from tests.e2e.procs import wait_for
 
 
 def _api(srv: Server, path: str) -> tuple[int, Any]:
