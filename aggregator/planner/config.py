@@ -16,6 +16,11 @@ class PlanningConfig:
         True, "re-plan when a C4D incident names a fabric link or NIC (down: never used; slow "
         "or lossy: capacity scaled by `suspect_factor`), moving only what the change needs")
     interval_s: float = field(30.0, "seconds between periodic proposals")
+    settle_s: float = field(
+        30.0, "after a plan is applied, for this long only a link going down re-plans and "
+        "no periodic plan is applied: the moved connections' reconnect stall raises slow "
+        "incidents and skews measured rates; a slow/lossy change seen meanwhile re-plans "
+        "when it ends, if it still holds")
     min_gain: float = field(
         0.05, "a periodic plan is applied automatically only when it lowers the busiest "
         "link's utilisation by at least this fraction")
@@ -53,8 +58,8 @@ class PlanningConfig:
                self.path_ttl_s, self.probe_sports_per_s) <= 0:
             raise ConfigError(f"{where}interval_s, probe_retry_s, budget_s, replan_budget_s, "
                               "path_ttl_s, probe_sports_per_s: must be > 0")
-        if self.probe_host_interval_s < 0:
-            raise ConfigError(f"{where}probe_host_interval_s: must be >= 0")
+        if self.probe_host_interval_s < 0 or self.settle_s < 0:
+            raise ConfigError(f"{where}probe_host_interval_s, settle_s: must be >= 0")
         if not 0.0 <= self.min_gain < 1.0:
             raise ConfigError(f"{where}min_gain: must be in [0, 1)")
         if not 0.0 <= self.suspect_confidence <= 1.0:

@@ -112,6 +112,7 @@ class Planner:
         # plan_result confirmed (QP ids are per host)
         self.epoch = int(db.execute("SELECT COALESCE(MAX(epoch), 0) FROM plans").fetchone()[0])
         self.next_plan = 0.0
+        self.deferred: set[str] = set()  # links whose health changed while settling
         self.rng = random.Random(0)
         self.stats = {"probes_sent": 0, "probe_results": 0, "paths_learned": 0,
                       "paths_unresolved": 0, "plans_applied": 0, "replans": 0}
@@ -259,6 +260,7 @@ class Planner:
             self.next_plan = now + self.cfg.interval_s
             p = self.propose(now, "periodic")
             if self.cfg.auto_apply and p is not None and p.current_util and \
+                    not self._settling(now) and \
                     p.result.max_util <= p.current_util * (1 - self.cfg.min_gain):
                 self.apply(now)
         self.pathmap.expire(now)
@@ -268,15 +270,26 @@ class Planner:
         """Link health from C4D's open incidents; when it changed, the re-plan (applied
         with `auto_apply`). True when it changed."""
         t0 = time.perf_counter()  # the re-plan's budget counts from the incident
-        changed = self._update_health()
+        was_down = self.health.down
+        changed = self._update_health() | self.deferred
         if not changed or not self.cfg.replan_on_incident:
             return False
+        if self._settling(now) and self.health.down == was_down:
+            # slow/lossy only, while the last plan's reconnects settle: likely their own
+            # stall; looked at again when the hold-down ends
+            self.deferred = changed
+            return False
+        self.deferred = set()
         self.stats["replans"] += 1
         p = self.propose(now, "link health changed: " + ", ".join(sorted(changed)),
                          replan=True, t0=t0)
         if self.cfg.auto_apply and p is not None and p.result.moved:
             self.apply(now)
         return True
+
+    def _settling(self, now: float) -> bool:
+        """Within `settle_s` of the last applied plan."""
+        return self.applied is not None and now < self.applied.created + self.cfg.settle_s
 
     def host_silent(self, host: str, last_seen: float, now: float) -> None:
         self.touched.update((host, fid) for fid in self.flows.pop(host, {}))
@@ -631,6 +644,10 @@ class Sinks:
     def tick(self, now: float) -> None:
         for s in self.sinks:
             s.tick(now)
+
+    def _settling(self, now: float) -> bool:
+        """Within `settle_s` of the last applied plan."""
+        return self.applied is not None and now < self.applied.created + self.cfg.settle_s
 
     def host_silent(self, host: str, last_seen: float, now: float) -> None:
         for s in self.sinks:

@@ -208,6 +208,32 @@ def test_a_link_incident_replans_off_the_link_and_auto_applies():
                p.pathmap.ports("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", 2.0).values())
 
 
+def test_the_stall_of_an_applied_plan_does_not_trigger_the_next_one():
+    # lab finding: each applied plan's reconnects stalled the ring, C4D named the moved
+    # connections' links slow, and the re-plan moved them again (39 plans in 9 minutes)
+    incidents: list[dict] = []
+    p, t = planner(lambda: incidents, auto_apply=True, interval_s=10.0, settle_s=30.0)
+    same = colliding(p, t)
+    for sp in list(range(41000, 41016)) + same:
+        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
+                        t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 1.0)
+    p.tick(1.0)
+    [first] = [b for _, k, b in p.take_outbox() if k == "plan"]
+    [moved] = first["assignments"]
+    slow = {"id": 8, "class": "comm_slow", "state": "open",
+            "suspects": [{"kind": "link", "id": "leaf000-spine01", "confidence": 0.9}]}
+    incidents.append(slow)
+    for now in (2.0, 11.0, 21.0):  # the stall's incident and periodic plans: nothing applied
+        p.tick(now)
+        assert [k for _, k, _ in p.take_outbox() if k == "plan"] == []
+    assert p.health.suspect == {"leaf000-spine01": "incident 8: comm_slow"}
+    assert p.stats["plans_applied"] == 1
+    p.tick(31.5)  # settled, and the link is still named: now it counts
+    assert p.stats["replans"] == 1 and p.proposal is not None
+    assert p.proposal.reason == "link health changed: leaf000-spine01"
+    # a link going down is re-planned at once, settling or not: the test above
+
+
 def qp_flow(p: Planner, host: str = "node000") -> None:
     """`host` reports one RC QP (number 100) to node002 (verbs_qp uprobes + the kernel's QP
     list)."""
