@@ -21,7 +21,7 @@ from c4.aggregator.store import Store, connect
 from c4.core import wire
 from c4.core.wire import Frame
 from tests.e2e.procs import free_port, wait_for
-from tests.unit.test_server_survives import _api, server  # noqa: F401
+from tests.unit.test_server_survives import _api
 
 
 def _report(host: str, seq: int = 1) -> bytes:

@@ -21,7 +21,7 @@ from c4.aggregator.store import Store, connect
 from c4.core import wire
 from c4.core.wire import Frame
 from tests.e2e.procs import wait_for
-from tests.unit.test_server_survives import _acked, _agent, _api, server  # noqa: F401
+from tests.unit.test_server_survives import _acked, _agent, _api
 
 UNLIMITED = 1073741823
 
