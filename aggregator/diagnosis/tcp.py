@@ -298,11 +298,13 @@ class TcpDetector:
             if not tj.cells and not tj.reported:
                 del self.jobs[tj.job]
                 continue
-            if tj.cells:
-                out += self._judge(tj, now)
             if tj.job not in self.model.comm_jobs:
-                # a job the plugin reports is hung or not by its collectives (hang.py): its
-                # bootstrap and store sockets are idle by design, its data may use RDMA
+                # a job the plugin reports is judged by its collectives (slow.py, hang.py):
+                # a second matrix over its sockets blamed a host beside the real culprit (a
+                # straggler's ring in the lab); its bootstrap and store sockets are idle by
+                # design, its data may use RDMA. Its flows still feed loss and outage votes.
+                if tj.cells:
+                    out += self._judge(tj, now)
                 out += self._hang(tj, now)
         return out
 
