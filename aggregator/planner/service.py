@@ -629,7 +629,6 @@ def _ident(s: str) -> str:
     return s if len(s) <= 64 else "tcp:" + hashlib.sha1(s.encode()).hexdigest()[:32]
 
 
-
 class Sinks:
     """Ingest's one frame sink fanned out to diagnosis and the planner, in that order (the
     planner reads diagnosis' incidents)."""
@@ -644,10 +643,6 @@ class Sinks:
     def tick(self, now: float) -> None:
         for s in self.sinks:
             s.tick(now)
-
-    def _settling(self, now: float) -> bool:
-        """Within `settle_s` of the last applied plan."""
-        return self.applied is not None and now < self.applied.created + self.cfg.settle_s
 
     def host_silent(self, host: str, last_seen: float, now: float) -> None:
         for s in self.sinks:
