@@ -5,13 +5,52 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any, Iterator
 
+import pytest
 import zmq
 
 from c4.agent.sender import Sender
 from c4.agent.spool import COMPACT_MIN, REC, Spool
 from tests.e2e.procs import free_port
 from tests.unit.test_sender import Router, _report
+
+
+class Link:
+    """One agent's spool dir and endpoint, and the aggregator (Router) once a test brings it
+    up; every sender and the router are closed after the test."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.ctx = zmq.Context()
+        self.ep = f"tcp://127.0.0.1:{free_port()}"
+        self.spool = tmp_path / "spool"
+        self.opened: list[Sender] = []
+        self._router: Router | None = None
+
+    def sender(self, **kw: Any) -> Sender:
+        s = Sender(self.ep, "h1", ctx=self.ctx, spool_dir=self.spool, **kw)
+        self.opened.append(s)
+        return s
+
+    def router(self) -> Router:
+        self._router = Router(self.ctx, self.ep)
+        return self._router
+
+    def close(self) -> None:
+        for s in self.opened:
+            s.close()
+        if self._router is not None:
+            self._router.sock.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def link(tmp_path: Path) -> Iterator[Link]:
+    lk = Link(tmp_path)
+    try:
+        yield lk
+    finally:
+        lk.close()
 
 
 def _pump(router: Router, s: Sender, rounds: int = 200) -> None:
@@ -52,105 +91,63 @@ def test_a_restarted_agent_resends_what_its_last_run_did_not_deliver(tmp_path: P
         ctx.term()
 
 
-def test_the_byte_budget_drops_oldest_and_the_floor_settles_them(tmp_path: Path) -> None:
-    ctx = zmq.Context()
-    ep = f"tcp://127.0.0.1:{free_port()}"
-    spool = tmp_path / "spool"
-    router = None
-    opened: list[Sender] = []
-    try:
-        first = Sender(ep, "h1", ctx=ctx, spool_dir=spool, queue_bytes=2000)
-        opened.append(first)
-        for _ in range(40):
-            first.send("report", _report())
-        held = first.unacked
-        assert 0 < held < 40 and first.stats.dropped_queue_full == 40 - held
-        first.close()
-        router = Router(ctx, ep)  # the aggregator comes back
-        second = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
-        opened.append(second)
-        assert second.unacked == held  # the drops were settled in the spool too
-        _pump(router, second)
-        assert second.unacked == 0
-        seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
-        assert seqs.contiguous == 40 and seqs.lost == 40 - held
-    finally:
-        for s in opened:
-            s.close()
-        if router is not None:
-            router.sock.close(0)
-        ctx.term()
+def test_the_byte_budget_drops_oldest_and_the_floor_settles_them(link: Link) -> None:
+    first = link.sender(queue_bytes=2000)
+    for _ in range(40):
+        first.send("report", _report())
+    held = first.unacked
+    assert 0 < held < 40 and first.stats.dropped_queue_full == 40 - held
+    first.close()
+    router = link.router()  # the aggregator comes back
+    second = link.sender()
+    assert second.unacked == held  # the drops were settled in the spool too
+    _pump(router, second)
+    assert second.unacked == 0
+    seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
+    assert seqs.contiguous == 40 and seqs.lost == 40 - held
 
 
-def test_resumed_frames_the_budget_drops_are_settled_by_the_floor(tmp_path: Path) -> None:
+def test_resumed_frames_the_budget_drops_are_settled_by_the_floor(link: Link) -> None:
     """The byte budget of a restarted agent drops the oldest of an earlier run's frames: what
     it still resends of that run carries a floor above them, so the aggregator counts them lost
     and acks the rest (with the floor read from the spool, the ack never got past the gap)."""
-    ctx = zmq.Context()
-    ep = f"tcp://127.0.0.1:{free_port()}"
-    spool = tmp_path / "spool"
-    router = None
-    opened: list[Sender] = []
-    try:
-        first = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
-        opened.append(first)
-        for _ in range(10):
-            first.send("report", _report())
-        first.close()
-        frame_bytes = (spool / f"{first.boot}.spool").stat().st_size // 10
-        second = Sender(ep, "h1", ctx=ctx, spool_dir=spool, queue_bytes=8 * frame_bytes)
-        opened.append(second)
-        for _ in range(3):
-            second.send("report", _report())  # still away: the oldest resumed frames go
-        dropped = second.stats.dropped_queue_full
-        assert 0 < dropped < 10
-        router = Router(ctx, ep)
-        _pump(router, second)
-        assert second.unacked == 0
-        seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
-        assert seqs.contiguous == 10 and seqs.lost == dropped
-    finally:
-        for s in opened:
-            s.close()
-        if router is not None:
-            router.sock.close(0)
-        ctx.term()
+    first = link.sender()
+    for _ in range(10):
+        first.send("report", _report())
+    first.close()
+    frame_bytes = (link.spool / f"{first.boot}.spool").stat().st_size // 10
+    second = link.sender(queue_bytes=8 * frame_bytes)
+    for _ in range(3):
+        second.send("report", _report())  # still away: the oldest resumed frames go
+    dropped = second.stats.dropped_queue_full
+    assert 0 < dropped < 10
+    router = link.router()
+    _pump(router, second)
+    assert second.unacked == 0
+    seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
+    assert seqs.contiguous == 10 and seqs.lost == dropped
 
 
-def test_an_unreadable_oldest_spooled_frame_is_below_the_floor(tmp_path: Path) -> None:
+def test_an_unreadable_oldest_spooled_frame_is_below_the_floor(link: Link) -> None:
     """A spooled frame that no longer decodes is dropped on resume; the floor the others carry
     is the oldest one actually resent, so the aggregator counts the unreadable one lost instead
     of waiting for it (and never acking the rest)."""
-    ctx = zmq.Context()
-    ep = f"tcp://127.0.0.1:{free_port()}"
-    spool = tmp_path / "spool"
-    router = None
-    opened: list[Sender] = []
-    try:
-        first = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
-        opened.append(first)
-        for _ in range(5):
-            first.send("report", _report())
-        first.close()
-        path = spool / f"{first.boot}.spool"
-        raw = bytearray(path.read_bytes())
-        n = REC.unpack_from(raw, 0)[2]
-        raw[REC.size:REC.size + n] = b"\xc1" * n  # never valid msgpack
-        path.write_bytes(bytes(raw))
-        second = Sender(ep, "h1", ctx=ctx, spool_dir=spool)
-        opened.append(second)
-        assert second.unacked == 4
-        router = Router(ctx, ep)
-        _pump(router, second)
-        assert second.unacked == 0
-        seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
-        assert seqs.contiguous == 5 and seqs.lost == 1
-    finally:
-        for s in opened:
-            s.close()
-        if router is not None:
-            router.sock.close(0)
-        ctx.term()
+    first = link.sender()
+    for _ in range(5):
+        first.send("report", _report())
+    first.close()
+    path = link.spool / f"{first.boot}.spool"
+    raw = bytearray(path.read_bytes())
+    n = REC.unpack_from(raw, 0)[2]
+    raw[REC.size:REC.size + n] = b"\xc1" * n  # never valid msgpack
+    path.write_bytes(bytes(raw))
+    second = link.sender()
+    assert second.unacked == 4
+    router = link.router()
+    _pump(router, second)
+    assert second.unacked == 0
+    seqs = router.ingest.registry.hosts["h1"].seqs[first.boot]
+    assert seqs.contiguous == 5 and seqs.lost == 1
 
 
 def test_a_torn_last_record_ends_the_replay(tmp_path: Path) -> None:
