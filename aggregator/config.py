@@ -45,6 +45,9 @@ class AggregatorConfig:
     planning: dict[str, Any] = field({}, "C4P policy (docs/planning.md)")
     alerts: dict[str, Any] = field({}, "alert receivers: Alertmanager, PagerDuty, Slack, "
                                        "webhook (docs/operations.md#alerts)")
+    federation: dict[str, Any] = field({}, "several aggregators, one per pod, and an owner "
+                                       "per job that spans pods (docs/scaling.md); empty: "
+                                       "off")
     metrics_host_counters: bool = field(False, "also export every up host's RDMA port counters "
                                         "on /metrics (`host` label); off: scrape the agents, "
                                         "which export them (docs/operations.md)")

@@ -76,6 +76,9 @@ class Ingest:
         self._before: dict[tuple[str, str], tuple[SeqState, int, int, set[int]]] = {}
         self._batching = False
         self._last_log: dict[str, float] = {}
+        # federation.Federation when [federation] is set: what of a committed frame this
+        # aggregator diagnoses, the rest queued for the job's owner
+        self.federation: Any = None
         self._load_hosts()
 
     def _load_hosts(self) -> None:
@@ -201,8 +204,9 @@ class Ingest:
             self.pending_acks[h.name] = (frame.boot, seqs.contiguous)
             try:
                 self._apply(h, frame, t)
-                if self.diagnosis is not None:
-                    self.diagnosis.observe(frame, t)
+                local = frame if self.federation is None else self.federation.local(frame, t)
+                if self.diagnosis is not None and local is not None:
+                    self.diagnosis.observe(local, t)
             except Exception as exc:  # stored, so acked: only what it would have changed is lost
                 self.internal_error("apply", exc, t)
         if self.store.frame_bytes > self.retention_bytes * (1 + PRUNE_SLACK):
@@ -376,4 +380,5 @@ class Ingest:
             "errors": dict(self.errors),
             "hosts": len(self.registry.hosts),
             "hosts_silent": sum(1 for h in self.registry.hosts.values() if h.status == "silent"),
+            **({"federation": self.federation.stats()} if self.federation is not None else {}),
         }

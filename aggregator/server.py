@@ -32,6 +32,7 @@ from .api import Api, serve
 from .auth import ZapHandler, curve_server
 from .checkpoint import Checkpointer
 from .config import AggregatorConfig
+from .federation import Federation, FederationConfig
 from .ingest import Ingest
 from .metrics import ClusterMetrics
 from .planner.metrics import PlanMetrics
@@ -101,6 +102,7 @@ class Server:
         self.clock = clock
         keys = cfg.curve_keys()  # config errors before anything starts
         token = cfg.api_token()
+        fcfg = c4config.build(FederationConfig, cfg.federation, "federation")
         self.lock = threading.Lock()
         # One lock for ingest, ticks and the API (see the module docstring).
         self.core = build_core(cfg, clock=clock, check_same_thread=False, worker=True)
@@ -156,6 +158,14 @@ class Server:
         self.api.token = token
         self.sock.bind(cfg.listen)
         self.routes: dict[str, bytes] = {}  # host -> ZeroMQ routing id of its latest frame
+        # Jobs that span pods (federation.py): their sections go to their owner after the
+        # commit, and peers' forwards of the jobs this aggregator owns come in.
+        self.federation: Federation | None = None
+        if fcfg.enabled:
+            self.federation = Federation(fcfg, self.core.ingest.boot, keys, cfg.max_frame,
+                                         self.core.ingest.prepare,
+                                         logging.getLogger("c4.aggregator.federation"))
+            self.core.ingest.federation = self.federation
         self.httpd = serve(self.api, cfg.api)
         log.info("aggregator listening on %s, API on http://%s", cfg.listen, cfg.api)
 
@@ -241,6 +251,21 @@ class Server:
             out.append((peer, data, self.core.ingest.prepare(data, identity)))
         return out
 
+    def _federate(self, fed: Federation) -> None:
+        fed.receive(self._apply_forwarded)
+        fed.pump(self.clock())
+
+    def _apply_forwarded(self, frames: list[wire.Frame]) -> None:
+        """Peers' forwards of jobs this aggregator owns: diagnosed as if from their hosts
+        (nothing to store: the pod aggregator stored and acked the frames)."""
+        with self.lock:
+            now = self.clock()
+            for frame in frames:
+                try:
+                    self.core.diagnosis.observe(frame, now)
+                except Exception as exc:
+                    self.core.ingest.internal_error("federation", exc, now)
+
     def _guarded(self, where: str, step: Callable[..., Any], *args: Any) -> Any:
         """Run a periodic step; a failure is counted and logged, and the loop goes on."""
         try:
@@ -254,12 +279,16 @@ class Server:
         next_prune = self.clock() + PRUNE_S
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        for s in self.federation.sockets() if self.federation is not None else []:
+            poller.register(s, zmq.POLLIN)
         self.notify.ready(f"ingest on {self.cfg.listen}, API on http://{self.cfg.api}")
         while not self.stop_event.is_set():
             self.notify.watchdog()  # the loop comes round every 0.2 s at most
             timeout = max(0.0, min(next_tick - self.clock(), 0.2))
             if poller.poll(int(timeout * 1000)):
                 self._drain()
+            if self.federation is not None:
+                self._guarded("federation", self._federate, self.federation)
             now = self.clock()
             if now >= next_tick:
                 with self.lock:
@@ -291,6 +320,8 @@ class Server:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.sock.close(0)
+        if self.federation is not None:
+            self.federation.close()
         if self.zap is not None:
             self.zap.close()
         self.zctx.term()

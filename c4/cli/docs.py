@@ -20,6 +20,7 @@ def _config_tables() -> str:
     from c4.aggregator.alerts import AlertsConfig, Receiver
     from c4.aggregator.config import AggregatorConfig
     from c4.aggregator.diagnosis.config import DiagnosisConfig
+    from c4.aggregator.federation import FederationConfig, Peer
     from c4.aggregator.planner.config import PlanningConfig
 
     from c4.core.config import describe
@@ -30,7 +31,9 @@ def _config_tables() -> str:
                        ("aggregator.toml `[actions]`", ActionsConfig),
                        ("aggregator.toml `[planning]`", PlanningConfig),
                        ("aggregator.toml `[alerts]`", AlertsConfig),
-                       ("aggregator.toml `[[alerts.receivers]]`", Receiver)):
+                       ("aggregator.toml `[[alerts.receivers]]`", Receiver),
+                       ("aggregator.toml `[federation]`", FederationConfig),
+                       ("aggregator.toml `[[federation.peers]]`", Peer)):
         out += [f"### {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for key, typ, default, doc in describe(cls):
             out.append(f"| `{key}` | {typ} | `{default}` | {doc} |".replace("\n", " "))
