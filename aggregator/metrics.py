@@ -160,3 +160,41 @@ def _rdma_metrics(hosts: list[Any]) -> Iterator[Metric]:
         (([h.name, p["dev"], str(p["port"])], p.get("counters", {}))
          for h in hosts for p in (h.last_report.get("rdma") or {}).get("ports", [])),
         ["host", "device", "port"])
+
+
+class FederationMetrics:
+    """Forwarding between aggregators (federation.py): per peer what was forwarded, acked,
+    dropped from a full queue (lost to the owner's diagnosis) and is still queued; what came
+    in, was rejected (by reason) or lost by a peer. Read off the lock: counters only."""
+
+    def __init__(self, federation: Any) -> None:
+        self.federation = federation
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.federation.stats()
+        out = {k: CounterMetricFamily(f"c4_federation_{k}", doc, labels=["peer"]) for k, doc in (
+            ("forwarded", "Frames queued for a peer aggregator (the owner of their jobs)"),
+            ("acked", "Forwarded frames the peer acked (applied)"),
+            ("dropped", "Forwarded frames dropped because the peer's queue was full"),
+            ("resent", "Forwarded frames sent again after resend_after without an ack"))}
+        queued = GaugeMetricFamily("c4_federation_queued_bytes",
+                                   "Bytes of forward frames held for a peer", labels=["peer"])
+        for peer, o in st["out"].items():
+            for k, fam in out.items():
+                fam.add_metric([peer], o[k])
+            queued.add_metric([peer], o["queued_bytes"])
+        yield from out.values()
+        yield queued
+        inn = st["in"]
+        yield CounterMetricFamily("c4_federation_received", "Peers' forward frames applied",
+                                  value=inn["received"])
+        rej = CounterMetricFamily("c4_federation_rejected",
+                                  "Peers' forward frames rejected, by reason", labels=["reason"])
+        for reason, n in sorted(inn["rejected"].items()):
+            rej.add_metric([reason], n)
+        yield rej
+        lost = CounterMetricFamily("c4_federation_lost", "Frames a peer dropped before they "
+                                   "reached this aggregator (its floor)", labels=["peer"])
+        for peer, n in sorted(inn["lost"].items()):
+            lost.add_metric([peer], n)
+        yield lost

@@ -34,7 +34,7 @@ from .checkpoint import Checkpointer
 from .config import AggregatorConfig
 from .federation import Federation, FederationConfig
 from .ingest import Ingest
-from .metrics import ClusterMetrics
+from .metrics import ClusterMetrics, FederationMetrics
 from .planner.metrics import PlanMetrics
 from .state import HostRegistry
 from .store import Store, connect
@@ -166,6 +166,7 @@ class Server:
                                          self.core.ingest.prepare,
                                          logging.getLogger("c4.aggregator.federation"))
             self.core.ingest.federation = self.federation
+            self.api.metrics.register(FederationMetrics(self.federation))
         self.httpd = serve(self.api, cfg.api)
         log.info("aggregator listening on %s, API on http://%s", cfg.listen, cfg.api)
 

@@ -11,6 +11,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from prometheus_client import generate_latest
 
 from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.federation import FederationConfig, owner
@@ -281,6 +282,8 @@ def test_the_owner_down_costs_pod_b_dropped_forwards_not_ingest(tmp_path: Path) 
         assert out["dropped"] > 0 and out["queued_bytes"] <= 64 << 10
         assert out["forwarded"] == out["dropped"] + out["queued"] and out["acked"] == 0
         assert c.stats("pod-b")["accepted"]["report"] == 60
+        scrape = generate_latest(c.servers["pod-b"].api.metrics).decode()
+        assert f'c4_federation_dropped_total{{peer="pod-a"}} {out["dropped"]}.0' in scrape
         # the owner comes up: what is still queued is delivered, the rest stays counted
         c.start("pod-a")
         final = wait_for(lambda: (lambda o: o if o["queued"] == 0 else None)(
