@@ -15,6 +15,16 @@ TTL runs out answers ICMP time-exceeded, which the kernel queues on that socket'
   closed port (every ECMP path of a leaf-spine fabric has the same length) and SYNs go out with
   TTL below it. Without a known distance a TCP trace is refused with an error.
 
+Measuring (`measure` in a probe request, docs/diagnosis.md): C4D asks which of a path's links
+loses or delays packets. The agent picks the first of the given ports whose hop at `ttl`
+answers from one of `via` (the switch's addresses; any when none are given), then sends `count`
+datagrams on that one 5-tuple with that TTL, one at a time, each waiting up to `answer_timeout`
+for its answer from that hop: they cross the links up to it and the answers the links back,
+nothing else. It reports sent, answered and RTT percentiles. Routers generate these answers on
+their CPU and police them (CoPP), so the rate is the same token bucket as traces, and an
+answer policed away reads as a lost datagram: C4D compares legs, it never reads one leg's loss
+alone.
+
 The prober is synchronous; the agent runs it on a worker thread (ProbeWorker) so a silent hop
 never delays reports. Packets are rate limited (token bucket, all traces together) and results
 cached briefly so a repeated request costs nothing; the aggregator's path map is the long-term
@@ -75,6 +85,30 @@ class Trace:
 
 
 @dataclass
+class Measurement:
+    """What `count` datagrams on one fixed 5-tuple with one TTL saw."""
+    sport: int
+    hop: str | None = None  # who answered at the TTL (the first answer)
+    sent: int = 0
+    answered: int = 0
+    rtts: list[float] = field(default_factory=list)  # seconds, of the answered ones
+    error: str | None = None
+
+    def entry(self, probe_id: str, ttl: int) -> dict[str, Any]:
+        """One `probe_result.results` entry: the hop at `ttl`, the counts, RTT percentiles."""
+        out: dict[str, Any] = {"id": probe_id, "sport": self.sport,
+                               "hops": [None] * (ttl - 1) + [self.hop], "reached": False,
+                               "sent": self.sent, "answered": self.answered}
+        if self.rtts:
+            xs = sorted(self.rtts)
+            out["rtt_us"] = [int(xs[min(len(xs) - 1, int(q * len(xs)))] * 1e6)
+                             for q in (0.5, 0.9, 0.99)]
+        if self.error:
+            out["error"] = self.error[:512]
+        return out
+
+
+@dataclass
 class _Answer:
     kind: str  # "router" (time exceeded), "dest" (the destination answered), "unreach"
     addr: str
@@ -118,6 +152,11 @@ def _read_errqueue(sock: socket.socket) -> _Answer | None:
         _, ancdata, _, _ = sock.recvmsg(512, 512, MSG_ERRQUEUE)
     except BlockingIOError:
         return None
+    return _parse_err(ancdata)
+
+
+def _parse_err(ancdata: list[tuple[int, int, bytes]]) -> _Answer | None:
+    """The ICMP error in a MSG_ERRQUEUE read's control messages, if any."""
     for level, kind, data in ancdata:
         if (level, kind) not in ((socket.IPPROTO_IP, IP_RECVERR),
                                  (socket.IPPROTO_IPV6, IPV6_RECVERR)):
@@ -194,6 +233,65 @@ class Prober:
             self._cache[key] = (self.clock(), t)
         self._prune()
         return t
+
+    def measure(self, dst: str, sports: list[int], *, ttl: int, count: int,
+                via: tuple[str, ...] = (), src: str | None = None, dport: int = ROCE_DPORT,
+                answer_timeout: float = 0.1) -> Measurement:
+        """`count` datagrams on the first of `sports` whose hop at `ttl` answers from `via`
+        (any hop when empty; the destination itself when it is that close). A datagram whose
+        answer does not come within `answer_timeout` is lost (a queue that long is as bad)."""
+        m = Measurement(sports[0] if sports else 0)
+        family = _family(dst)
+        level, opt = _ttl_option(family)
+        try:
+            for sport in sports:
+                m.sport = sport
+                with self._udp_socket(family, src, sport) as s:
+                    s.setsockopt(level, opt, ttl)
+                    first = self._ping(s, dst, dport, 0, answer_timeout)
+                    if first is None or (via and first[0] not in via):
+                        continue  # another path, or silence: the next port
+                    m.hop = first[0]
+                    for seq in range(1, count + 1):
+                        got = self._ping(s, dst, dport, seq, answer_timeout)
+                        m.sent += 1
+                        if got is not None and got[0] == m.hop:
+                            m.answered += 1
+                            m.rtts.append(got[1])
+                return m
+            m.error = f"no port of {len(sports)} reached {'/'.join(via) or 'a hop'} at TTL {ttl}"
+        except OSError as exc:
+            m.error = f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
+        return m
+
+    def _ping(self, s: socket.socket, dst: str, dport: int, seq: int,
+              timeout: float) -> tuple[str, float] | None:
+        """One datagram; (who answered, RTT) or None. Answers to earlier datagrams (their
+        payload names their seq where the router quotes it) are skipped."""
+        self.bucket.take()
+        payload = struct.pack("!4sI", b"c4ms", seq)
+        poller = select.poll()
+        poller.register(s, select.POLLERR | select.POLLIN)
+        t0 = self.clock()
+        s.sendto(payload, (dst, dport))
+        self.packets += 1
+        while True:
+            left = t0 + timeout - self.clock()
+            if left <= 0 or not poller.poll(left * 1000):
+                return None
+            try:
+                data, ancdata, _, _ = s.recvmsg(64, 512, MSG_ERRQUEUE)
+            except BlockingIOError:
+                try:
+                    s.recv(64)  # a datagram nobody asked for
+                except OSError:
+                    pass
+                continue
+            answer = _parse_err(ancdata)
+            if answer is None or answer.kind == "unreach" or \
+                    (len(data) >= len(payload) and data[:len(payload)] != payload):
+                continue
+            return answer.addr, self.clock() - t0
 
     # -- UDP (RoCEv2) ---------------------------------------------------------------------
     def _udp_socket(self, family: int, src: str | None, sport: int) -> socket.socket:
@@ -395,6 +493,13 @@ def run_probe(prober: Prober, body: dict[str, Any]) -> dict[str, Any]:
     """`probe` body -> `probe_result` body."""
     results = []
     for p in body["probes"]:
+        if "measure" in p:
+            ms = p["measure"]
+            m = prober.measure(p["dst"], p["sports"], ttl=ms["ttl"], count=ms["count"],
+                               via=tuple(ms.get("via") or ()), src=p.get("src"),
+                               dport=p.get("dport", ROCE_DPORT))
+            results.append(m.entry(p["id"], ms["ttl"]))
+            continue
         for sport in p["sports"]:
             t = prober.trace(p["proto"], p["dst"], sport, dport=p.get("dport"),
                              src=p.get("src"), max_ttl=p.get("max_ttl", 8))

@@ -2,7 +2,7 @@
 on simulated time taken from the frames' timestamps.
 
 Signature for other modules and tests:
-    replay(path, *, topology=None, cfg=None, tick_s=1.0) -> ReplayResult
+    replay(path, *, topology=None, cfg=None, tick_s=1.0, measurer=None) -> ReplayResult
 `ReplayResult.to_json()` is what `c4 replay --json` prints; the same file gives the same
 output every time (in-memory SQLite, simulated clock, actions forced to dry-run).
 """
@@ -55,7 +55,7 @@ def paths_beside(path: Path) -> list[dict[str, Any]]:
 
 
 def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | None = None,
-           tick_s: float = 1.0) -> ReplayResult:
+           tick_s: float = 1.0, measurer: Any = None) -> ReplayResult:
     from c4.core.topology import Topology
 
     path = Path(path)
@@ -74,6 +74,8 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
     clock_box = [0.0]
     core = build_core(cfg, db_path=":memory:", topology=topology, clock=lambda: clock_box[0])
     ingest = core.ingest
+    if measurer is not None:  # answers C4D's measuring probes (lab/sim.py SimMeasurer)
+        core.diagnosis.use_measurer(measurer)
     # The recorded probe_results answer the live planner's probes, which the replayed one never
     # sent: the recording's paths teach its path map instead, or connections a plan moved
     # would be placed on their default paths.

@@ -1273,6 +1273,80 @@ def _poisson(rng: random.Random, lam: float) -> int:
     return k
 
 
+# Measuring probes (aggregator/diagnosis/probes.py): what an agent's datagrams see.
+PROBE_PPS = 200.0  # the agent's measuring rate (agent/probe.py)
+PROBE_HOP_MS = 0.1  # per hop one way; the answering router's ICMP generation adds jitter
+PROBE_JITTER = 0.3  # lognormal sigma of a probe's RTT (a switch CPU answers, not its ASIC)
+BURST_PROBE_LOSS = 1e-3  # another tenant's burst drops best-effort datagrams, per unit of (x-1)
+QUEUE_MS = (0.5, 2.0)  # standing queue at a rate-limited egress while traffic crosses it
+QUEUE_DUTY = 0.5  # share of the time the job's traffic keeps that queue (it computes too)
+
+
+class SimMeasurer:
+    """Answers C4D's measuring probes in a replay (probes.Measurer) from what the run injected,
+    packet by packet: each datagram crosses the leg's directed links out and its answer back;
+    a lossy direction drops it with its loss rate (binomial over the datagrams, reply path
+    included), another tenant's burst drops a few and queues them, and a slowed direction
+    delays it only while the job's traffic queues there (a rate-limited link is slow under
+    load, not for a lone probe). A NIC that is down answers nothing; a host that is down has
+    no agent to ask."""
+
+    def __init__(self, sim: "Simulator", origin: float) -> None:
+        self.sim = sim
+        self.origin = origin  # the replay clock at simulated time 0 (lab/evaluate.clock_origin)
+        self.rng = random.Random(sim.cfg.seed * 7919 + 5)
+        self.due: list[tuple[float, Any, Any]] = []
+
+    def measure(self, leg: Any, count: int, now: float) -> bool:
+        from c4.aggregator.diagnosis.probes import LegResult
+
+        sim, t0 = self.sim, now - self.origin
+        host, _, dev = leg.src.partition("/")
+        nic = sim.topo.hosts[host].nic(dev) if host in sim.topo.hosts else None
+        if nic is None or sim._host_down(host, t0):
+            return False
+        fab = f"{nic.leaf}-{leg.via}" if leg.ttl >= 2 else None
+        hops = [(fab, "up"), (fab, "down")] if fab in sim.topo.links else []
+        used = {(lk, d) for lk, d in hops
+                if any(_crosses(c, lk, d) for j in sim.jobs for c in j.conns)}
+        rtts: list[float] = []
+        for i in range(count):
+            t = t0 + i / PROBE_PPS
+            if any(f.kind == "nic-down" and f.target == leg.src and f.active(t)
+                   for f in sim.faults):
+                continue
+            keep, rtt = 1.0, 2 * leg.ttl * PROBE_HOP_MS * math.exp(
+                self.rng.gauss(0.0, PROBE_JITTER))
+            for lk, d in hops:
+                for f in sim.faults:
+                    if f.target != lk or not f.active(t) or f.params.get("dir", "both") not in \
+                            (d, "both"):
+                        continue
+                    if f.kind == "lossy-link":
+                        keep *= 1.0 - _loss(f, sim.cfg.slowdown)
+                    elif f.kind == "slow-fabric" and (lk, d) in used and \
+                            self.rng.random() < QUEUE_DUTY:
+                        rtt += self.rng.uniform(*QUEUE_MS) * (
+                            1 - 1 / float(f.params.get("x", sim.cfg.slowdown)))
+                for b0, b1, blk, bd, x in sim.bursts:
+                    if blk == lk and bd == d and b0 <= t < b1:
+                        keep *= 1.0 - BURST_PROBE_LOSS * (x - 1)
+                        rtt += self.rng.uniform(*QUEUE_MS) * (1 - 1 / x)
+            if self.rng.random() < keep:
+                rtts.append(rtt)
+        rtts.sort()
+        q = (lambda p: round(rtts[min(len(rtts) - 1, int(p * len(rtts)))], 4)) if rtts else \
+            (lambda p: None)
+        self.due.append((now + count / PROBE_PPS, leg,
+                         LegResult(count, len(rtts), q(0.5), q(0.9))))
+        return True
+
+    def results(self, now: float) -> list[tuple[Any, Any]]:
+        out = [(leg, r) for at, leg, r in self.due if at <= now]
+        self.due = [d for d in self.due if d[0] > now]
+        return out
+
+
 def simulate(cfg: SimConfig, out: str | Path) -> dict[str, Any]:
     """Run a scenario and write the recording, truth and topology; returns a summary."""
     return Simulator(cfg).run(out)

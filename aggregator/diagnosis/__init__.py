@@ -23,7 +23,7 @@ from .incidents import Incidents
 from .loss import LossDetector
 from .model import Comm, Model, PathSource
 from .outage import OutageDetector
-from .probes import Prober
+from .probes import Measurer, Measuring, Prober
 from .slow import SlowDetector
 from .straggler import StragglerDetector
 from .tcp import TcpDetector
@@ -42,6 +42,7 @@ class Diagnosis:
         self.counters = Counters(cfg)
         self.hang = HangDetector(cfg, self.model)
         self.prober = Prober(self.model)
+        self.measuring = Measuring(self.model)
         self.slow = SlowDetector(cfg, self.model, self.counters, self.prober)
         self.straggler = StragglerDetector(cfg)
         self.loss = LossDetector(cfg, self.model)
@@ -66,6 +67,11 @@ class Diagnosis:
         asked for when a fault's candidate links could be separated (probes.py)."""
         with self.lock:
             self.model.paths = source
+
+    def use_measurer(self, measurer: Measurer) -> None:
+        """Agents that measure the candidate links of a path finding (probes.py)."""
+        with self.lock:
+            self.measuring.measurer = measurer
 
     # -- inputs ---------------------------------------------------------------------------
     def observe(self, frame: Frame, now: float) -> None:
@@ -132,6 +138,7 @@ class Diagnosis:
     def tick(self, now: float) -> None:
         with self.lock:
             now = self._now(now)
+            self.measuring.collect(now)
             findings: list[Finding] = []
             for comm in list(self.model.comms.values()):
                 comm.update_pace()
@@ -147,6 +154,7 @@ class Diagnosis:
             # Hardware first: a symptom then joins the incident of its cause.
             findings.sort(key=lambda f: f.cls.startswith("hw_") is False)
             for f in findings:
+                f = self.measuring.resolve(f, now)
                 self.store.report(f, now)
                 if f.top is not None and f.top.kind == "path":
                     self.prober.separate(f.evidence.get("candidate_links") or (), now)

@@ -10,11 +10,27 @@ of them) once its path is known. Connections whose path is unknown (no topology 
 learned one) but whose equal-cost paths could cross a candidate are worth a probe: C4P traces
 their 5-tuples (aggregator/planner/service.py, rate limited there), and the learned path
 enters the next vote (model.learned_path).
+
+When no connection separates them (a ring alone on its leaves: what goes up `leafA=>spineS`
+comes down `spineS=>leafB`, nothing else crosses either), the candidates are *measured*
+(`Measure`): an agent under each candidate's leaf sends `count` datagrams of one fixed 5-tuple
+whose hop at `ttl` is the candidate's far switch (TTL 2: the spine, TTL 1: the leaf), so they
+cross that leaf's up link and the reply its down link and nothing else of the fabric. Each
+*leg* (source NIC, TTL, answering switch) is a vote: lossy or slow against the other legs, or
+clean where it would have seen what the lossy one saw. The candidate that the legs alone
+single out names the fault; legs that see nothing vote for nothing (docs/diagnosis.md).
 """
 from __future__ import annotations
 
-from typing import Iterable
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Protocol
 
+from c4.core.topology import Topology, access_link_id, fabric_link_id
+
+from .findings import Finding, Suspect
+from .localise import directed
 from .model import LEARNED_REFRESH_S, Cell, Comm, Model
 
 RETRY_S = 60.0  # a NIC pair is asked about again at most this often
@@ -87,3 +103,280 @@ class Prober:
     def forget(self, now: float) -> None:
         for pair in [p for p, t in self.asked.items() if now - t > RETRY_S]:
             del self.asked[pair]
+
+
+# -- measuring probes ---------------------------------------------------------------------
+MEASURE_COUNT = 200  # datagrams per leg and round (at the agent's probe rate: ~1 s)
+ROUND_S = 5.0  # a leg is measured again at most this often while its path finding lasts
+WINDOW_S = 60.0  # rounds older than this no longer vote
+MIN_ROUNDS = 2  # rounds a leg needs before it votes (one burst of congestion is one round)
+MIN_LOST = 3  # lost datagrams, in at least MIN_ROUNDS rounds, before a leg is lossy
+BACKGROUND_LOSS = 1e-4  # what a healthy leg loses (answers a router's ICMP policer drops)
+P_LOSSY = 1e-3  # a leg is lossy when background loss this unlikely explains its losses
+P_CLEAN = 1e-2  # ... and clean when the lossy legs' rate this unlikely gives its few losses
+RTT_RATIO, RTT_MIN_MS, RTT_CLEAN = 2.0, 0.2, 1.3  # p90 vs the best leg of the same TTL
+PROBE_TRUST = 0.95  # a unique verdict of the legs: what is left of the path's confidence
+
+
+@dataclass(frozen=True)
+class Leg:
+    """Datagrams from NIC `src` towards NIC `dst` with TTL `ttl`, on a 5-tuple whose hop at
+    `ttl` is switch `via`: they stop there (ICMP time exceeded) and cross only the source's
+    access cable and, with TTL 2, its leaf's fabric link to `via`, both ways."""
+    src: str
+    dst: str
+    ttl: int
+    via: str
+
+
+@dataclass
+class LegResult:
+    sent: int
+    answered: int
+    rtt_p50_ms: float | None = None
+    rtt_p90_ms: float | None = None
+    error: str | None = None
+
+
+class Measurer(Protocol):
+    """Agents that measure legs (the simulator's in a replay, lab/sim.py)."""
+
+    def measure(self, leg: Leg, count: int, now: float) -> bool:
+        """Start `count` datagrams on the leg soon, within the agents' probe rate; False when
+        refused (no agent on the source host, rate limited)."""
+
+    def results(self, now: float) -> list[tuple[Leg, LegResult]]:
+        """Legs measured since the last call."""
+
+
+def leg_links(topo: Topology, leg: Leg) -> frozenset[str]:
+    """Directed components (localise.directed) and the NIC a leg's datagrams and answers
+    cross."""
+    host, _, dev = leg.src.partition("/")
+    h = topo.hosts.get(host)
+    nic = h.nic(dev) if h else None
+    if nic is None:
+        return frozenset()
+    acc = access_link_id(host, nic.name, nic.leaf)
+    out = {f"nic:{leg.src}", directed(acc, nic.leaf), directed(acc, leg.src)}
+    if leg.ttl >= 2:
+        fab = fabric_link_id(nic.leaf, leg.via)
+        out |= {directed(fab, leg.via), directed(fab, nic.leaf)}
+    return frozenset(out)
+
+
+def candidates(topo: Topology, f: Finding) -> dict[str, frozenset[str]]:
+    """A path finding's candidate links (cable -> its directed components that the evidence
+    blames: `towards X`, or both ways)."""
+    out: dict[str, frozenset[str]] = {}
+    for cable, how in (f.evidence.get("candidate_links") or {}).items():
+        lk = topo.links.get(cable)
+        if lk is None:
+            continue
+        to = how.split()[1] if how.startswith("towards ") else None
+        out[cable] = frozenset([directed(cable, to)] if to in (lk.a, lk.b) else
+                               [directed(cable, lk.a), directed(cable, lk.b)])
+    return out
+
+
+@dataclass
+class _Rounds:
+    asked: float = -1e18
+    pending: bool = False
+    rounds: deque[tuple[float, LegResult]] = field(default_factory=deque)
+
+
+def _poisson_sf(k: int, lam: float) -> float:
+    """P(X >= k), X ~ Poisson(lam): a binomial of small rate."""
+    if k <= 0:
+        return 1.0
+    term = total = math.exp(-lam)
+    for i in range(1, k):
+        term *= lam / i
+        total += term
+    return max(0.0, 1.0 - total)
+
+
+def _poisson_cdf(k: int, lam: float) -> float:
+    return 1.0 - _poisson_sf(k + 1, lam)
+
+
+class Measuring:
+    """Measures the candidate links of path findings and names the one the legs single out."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.measurer: Measurer | None = None
+        self.legs: dict[Leg, _Rounds] = {}
+        self.requested = 0
+
+    def collect(self, now: float) -> None:
+        if self.measurer is None:
+            return
+        for leg, res in self.measurer.results(now):
+            st = self.legs.get(leg)
+            if st is not None:
+                st.pending = False
+                if not res.error and res.sent:
+                    st.rounds.append((now, res))
+        for leg in [k for k, st in self.legs.items() if now - st.asked > WINDOW_S]:
+            del self.legs[leg]
+        for st in self.legs.values():
+            while st.rounds and now - st.rounds[0][0] > WINDOW_S:
+                st.rounds.popleft()
+
+    def resolve(self, f: Finding, now: float) -> Finding:
+        """Measure a path finding's candidates; when the legs single one out, the finding
+        names that link."""
+        topo = self.model.topology
+        top = f.top
+        if self.measurer is None or topo is None or top is None or top.kind != "path":
+            return f
+        cands = candidates(topo, f)
+        legs = self._legs(topo, top.id, cands)
+        if len(cands) < 2 or len(legs) < 2:
+            return f
+        for leg in legs:
+            st = self.legs.setdefault(leg, _Rounds())
+            if not st.pending and now - st.asked >= ROUND_S:
+                st.asked = now
+                st.pending = self.measurer.measure(leg, MEASURE_COUNT, now)
+                self.requested += st.pending
+        crossed = {leg: leg_links(topo, leg) for leg in legs}
+        verdict = self._verdict(cands, crossed)
+        if verdict is None:
+            return f
+        cable, signal = verdict
+        share = sum(s.confidence for s in f.suspects if s.kind == "path")
+        conf = min(1.0, share * len(cands)) * PROBE_TRUST
+        lk = topo.links[cable]
+        dirs = sorted(d.partition("=>")[2] for d in cands[cable])
+        f.suspects = [Suspect("link", cable, None, None, conf)] + [
+            Suspect(s.kind, s.id, s.host, s.rank, s.confidence * (1 - PROBE_TRUST))
+            for s in f.suspects if s.kind != "path" and s.id != cable][:3]
+        f.aliases = tuple(a for a in f.aliases if a != f"link:{cable}")
+        f.evidence["direction"] = f"towards {dirs[0]}" if len(dirs) == 1 else "both"
+        f.evidence["probe"] = {"named": cable, "signal": signal, "legs": [
+            self._describe(leg, crossed[leg], cands) for leg in legs]}
+        f.summary += (f"; measured: only the legs crossing {lk.id} ({f.evidence['direction']}) "
+                      f"are {'lossy' if signal == 'loss' else 'slow'}")
+        return f
+
+    def _legs(self, topo: Topology, path: str, cands: dict[str, frozenset[str]]) -> list[Leg]:
+        """One leg per candidate: from the path's end NIC (else any NIC) under the candidate's
+        leaf, stopping at its spine (fabric) or leaf (access cable); legs crossing every
+        candidate separate nothing."""
+        ends = [e for e in path.split("->")]
+        legs: list[Leg] = []
+        for cable in cands:
+            lk = topo.links[cable]
+            sa, sb = topo.switches.get(lk.a), topo.switches.get(lk.b)
+            if sa is not None and sb is not None:
+                tiers = {sa.tier: lk.a, sb.tier: lk.b}
+                leaf, via, ttl = tiers.get("leaf"), tiers.get("spine"), 2
+                if leaf is None or via is None:
+                    continue  # a three-tier fabric's upper links: not measured
+                src = self._nic_under(topo, leaf, ends)
+            else:
+                src, via, ttl = (lk.a, lk.b, 1) if "/" in lk.a else (lk.b, lk.a, 1)
+            if src is None:
+                continue
+            dst = next((e for e in ends if e.partition("/")[0] != src.partition("/")[0]),
+                       ends[-1])
+            leg = Leg(src, self._nic(topo, dst) or dst, ttl, via)
+            links = leg_links(topo, leg)
+            if leg not in legs and not all(links & c for c in cands.values()):
+                legs.append(leg)
+        return legs
+
+    @staticmethod
+    def _nic(topo: Topology, end: str) -> str | None:
+        host, _, dev = end.partition("/")
+        h = topo.hosts.get(host)
+        if h is None or not h.nics:
+            return None
+        return f"{host}/{(h.nic(dev) or h.nics[0]).name}" if dev else f"{host}/{h.nics[0].name}"
+
+    @staticmethod
+    def _nic_under(topo: Topology, leaf: str, ends: list[str]) -> str | None:
+        """A NIC under `leaf`: the path's own end if it is there, else any host's."""
+        for e in ends:
+            host, _, dev = e.partition("/")
+            h = topo.hosts.get(host)
+            for n in (h.nics if h else ()):
+                if n.leaf == leaf and (not dev or n.name == dev):
+                    return f"{host}/{n.name}"
+        for h in topo.hosts.values():
+            for n in h.nics:
+                if n.leaf == leaf:
+                    return f"{h.name}/{n.name}"
+        return None
+
+    def _verdict(self, cands: dict[str, frozenset[str]],
+                 crossed: dict[Leg, frozenset[str]]) -> tuple[str, str] | None:
+        """(cable, loss | rtt) when exactly one candidate agrees with every leg that votes."""
+        for signal, states in (("loss", self._loss_states(crossed)),
+                               ("rtt", self._rtt_states(crossed))):
+            if "bad" not in states.values():
+                continue
+            fits = [c for c, comps in cands.items()
+                    if all(s is None or (s == "bad") == bool(crossed[leg] & comps)
+                           for leg, s in states.items())]
+            if len(fits) == 1:
+                return fits[0], signal
+        return None
+
+    def _rounds(self, leg: Leg) -> list[LegResult]:
+        st = self.legs.get(leg)
+        return [r for _, r in st.rounds] if st else []
+
+    def _loss_states(self, crossed: dict[Leg, frozenset[str]]) -> dict[Leg, str | None]:
+        tally = {}
+        for leg in crossed:
+            rs = self._rounds(leg)
+            sent = sum(r.sent for r in rs)
+            lost = sum(r.sent - r.answered for r in rs)
+            lossy_rounds = sum(r.answered < r.sent for r in rs)
+            tally[leg] = (len(rs), sent, lost, lossy_rounds)
+        bad = {leg for leg, (n, sent, lost, lr) in tally.items()
+               if n >= MIN_ROUNDS and lost >= MIN_LOST and lr >= MIN_ROUNDS
+               and _poisson_sf(lost, sent * BACKGROUND_LOSS) < P_LOSSY}
+        if not bad:
+            return dict.fromkeys(crossed)
+        # the lossy legs' rate, taken low (a clean leg must have been able to see it)
+        lost = sum(tally[leg][2] for leg in bad)
+        sent = sum(tally[leg][1] for leg in bad)
+        rate = max(1.0, lost - 2 * math.sqrt(lost)) / sent
+        out: dict[Leg, str | None] = {}
+        for leg, (n, s, lo, _) in tally.items():
+            clean = n >= MIN_ROUNDS and _poisson_cdf(lo, s * rate) < P_CLEAN
+            out[leg] = "bad" if leg in bad else "good" if clean else None
+        return out
+
+    def _rtt_states(self, crossed: dict[Leg, frozenset[str]]) -> dict[Leg, str | None]:
+        p90: dict[Leg, float] = {}
+        for leg in crossed:
+            xs = sorted(r.rtt_p90_ms for r in self._rounds(leg) if r.rtt_p90_ms is not None)
+            if len(xs) >= MIN_ROUNDS:
+                p90[leg] = xs[len(xs) // 2]
+        out: dict[Leg, str | None] = dict.fromkeys(crossed)
+        for leg, v in p90.items():
+            peers = [w for o, w in p90.items() if o.ttl == leg.ttl and o != leg]
+            if not peers:
+                continue
+            best = min(peers)
+            if v >= RTT_RATIO * best and v - best >= RTT_MIN_MS:
+                out[leg] = "bad"
+            elif v <= RTT_CLEAN * min(peers + [v]):
+                out[leg] = "good"
+        return out
+
+    def _describe(self, leg: Leg, links: frozenset[str],
+                  cands: dict[str, frozenset[str]]) -> dict[str, Any]:
+        rs = self._rounds(leg)
+        p90 = sorted(r.rtt_p90_ms for r in rs if r.rtt_p90_ms is not None)
+        return {"src": leg.src, "ttl": leg.ttl, "via": leg.via, "rounds": len(rs),
+                "sent": sum(r.sent for r in rs),
+                "lost": sum(r.sent - r.answered for r in rs),
+                "rtt_p90_ms": round(p90[len(p90) // 2], 3) if p90 else None,
+                "crosses": sorted(c for c, comps in cands.items() if links & comps)}

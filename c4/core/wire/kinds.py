@@ -168,7 +168,15 @@ PROBE_SPORTS_MAX = 2048
 PROBE_REQ = Record(
     required={"id": IDENT, "proto": Enum(("roce", "tcp")), "dst": ADDR,
               "sports": List(PORT16, 64)},
-    optional={"src": ADDR, "dev": Nullable(IDENT), "dport": PORT16, "max_ttl": Int(1, 64)},
+    optional={"src": ADDR, "dev": Nullable(IDENT), "dport": PORT16, "max_ttl": Int(1, 64),
+              "measure": Record(
+                  required={"count": Int(1, 1000), "ttl": Int(1, 64)},
+                  optional={"via": List(ADDR, 16)},
+                  doc={"count": "datagrams to send, one at a time, within the agent's probe "
+                                "rate",
+                       "ttl": "their TTL: they stop at that hop, whose answers come back",
+                       "via": "addresses the hop at `ttl` must answer from (a switch's); the "
+                              "first of `sports` whose hop does is used"})},
     doc={"id": "probe id, echoed in every probe_result entry it produces",
          "proto": "`roce`: UDP datagrams to `dport` (default 4791), as RoCEv2 packets are "
                   "hashed; `tcp`: TCP SYNs to `dport` (the fabric hashes the IP protocol too)",
@@ -177,7 +185,9 @@ PROBE_REQ = Record(
          "src": "source address to bind (the local NIC port's IP); default: the route's",
          "dev": "local RDMA device or netdev the flow leaves by (informational)",
          "dport": "destination port; default 4791 for `roce`, required for `tcp`",
-         "max_ttl": "highest TTL tried (default 8); tracing stops when the destination answers"},
+         "max_ttl": "highest TTL tried (default 8); tracing stops when the destination answers",
+         "measure": "measure instead of trace (C4D, docs/diagnosis.md): loss and RTT of one "
+                    "5-tuple up to the hop at `ttl` and back; one result entry"},
 )
 PROBE = Record(
     required={"probe_id": IDENT, "probes": List(PROBE_REQ, 256)},
@@ -193,7 +203,8 @@ PROBE_RESULT = Record(
         "results": List(Record(
             required={"id": IDENT, "sport": PORT16, "hops": List(Nullable(ADDR), 64),
                       "reached": Bool()},
-            optional={"error": Str(512)},
+            optional={"error": Str(512), "sent": Int(0, 1000), "answered": Int(0, 1000),
+                      "rtt_us": List(U32, 3)},
             doc={"id": "the probe's id", "sport": "the traced source port",
                  "hops": "address that answered TTL 1, 2, ... (the router's ICMP time-exceeded "
                          "source); nil where no answer came; routers only, not the destination",
@@ -201,6 +212,9 @@ PROBE_RESULT = Record(
                             "len(hops)+1 (UDP port unreachable), or every router up to its "
                             "measured distance answered (`tcp`, and RoCE NICs that answer "
                             "nothing)",
+                 "sent": "measure: datagrams sent on the port (hops: the one at its TTL)",
+                 "answered": "measure: of those, answered by that hop in time",
+                 "rtt_us": "measure: RTT p50, p90, p99 of the answered, microseconds",
                  "error": "why this port could not be traced (e.g. `EADDRINUSE`); hops then "
                           "hold what was learned before"}), PROBE_SPORTS_MAX),
     },

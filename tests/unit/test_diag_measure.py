@@ -1,0 +1,62 @@
+"""Measuring probes (aggregator/diagnosis/probes.py `Measuring`): a ring alone on its leaves
+sends what goes up `leaf00=>spine00` down `spine00=>leaf01` and nothing else crosses either,
+so the matrix and the NIC counters name the path; datagrams TTL-limited to the spine from a
+host under each leaf (the simulator answers them from the injected fault, lab/sim.py
+`SimMeasurer`) name the link, or nothing when the loss is too low for them to see."""
+from __future__ import annotations
+
+from c4.aggregator.replay import replay
+from c4.lab.evaluate import clock_origin, load_truth, score
+from c4.lab.sim import Fault, SimConfig, Simulator, SimMeasurer
+
+SMALL = dict(hosts=4, gpus_per_host=4, leaves=4, spines=2)
+
+
+def run(tmp_path, spec: str, *, measure: bool, seed: int = 5):
+    sim = Simulator(SimConfig(duration=80, seed=seed, noise=0.05, realism=False,
+                              faults=[Fault.parse(spec)], **SMALL))
+    out = tmp_path / "run.c4rec"
+    sim.run(out)
+    truth = load_truth(out)
+    origin = clock_origin(out, truth)
+    res = replay(out, measurer=SimMeasurer(sim, origin) if measure else None)
+    return res.incidents, score(truth, res.incidents, origin)
+
+
+def test_loss_down_from_the_spine_is_named_after_measuring(tmp_path):
+    """1 % loss on spine00=>leaf01 only: without probes the honest answer is the path
+    node000->node001 with both candidates; the legs from node000 (crosses leaf00-spine00) and
+    node001 (its answers come down spine00=>leaf01) single out leaf01-spine00."""
+    spec = "lossy-link:leaf01-spine00@20;loss=0.01;dir=down"
+    incidents, sc = run(tmp_path, spec, measure=False)
+    assert sc.named == 0 and sc.on_path == 1, [i["summary"] for i in incidents]
+
+    incidents, sc = run(tmp_path, spec, measure=True)
+    assert sc.named == 1 and sc.false_incidents == 0, [i["summary"] for i in incidents]
+    [inc] = incidents
+    assert inc["suspects"][0] == {**inc["suspects"][0], "kind": "link", "id": "leaf01-spine00"}
+    assert inc["evidence"]["direction"] == "towards leaf01"
+    probe = inc["evidence"]["probe"]
+    assert probe["signal"] == "loss"
+    lossy = [leg for leg in probe["legs"] if leg["lost"]]
+    assert [leg["crosses"] for leg in lossy] == [["leaf01-spine00"]]
+
+
+def test_slow_link_is_named_from_the_probes_rtt(tmp_path):
+    """spine00=>leaf01 at 1/2.5 of its rate, no loss: the probes crossing it queue behind the
+    job's traffic there (only under load), the others do not."""
+    incidents, sc = run(tmp_path, "slow-fabric:leaf01-spine00@20;x=2.5;dir=down",
+                        measure=True)
+    assert sc.named == 1 and sc.false_incidents == 0, [i["summary"] for i in incidents]
+    assert incidents[0]["evidence"]["probe"]["signal"] == "rtt"
+
+
+def test_loss_too_low_for_the_probes_stays_a_path(tmp_path):
+    """0.05 % on leaf00=>spine00: the NIC counters see it (thousands of packets a second), a
+    few hundred datagrams a round mostly do not. Nothing the legs saw singles out a link: the
+    incident stays the path with its candidates, never the wrong link."""
+    incidents, sc = run(tmp_path, "lossy-link:leaf00-spine00@20;loss=0.0005;dir=up",
+                        measure=True)
+    assert sc.named == 0 and sc.on_path == 1 and sc.false_incidents == 0, \
+        [i["summary"] for i in incidents]
+    assert all(i["localised"] is None for i in incidents)
