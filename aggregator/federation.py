@@ -40,6 +40,7 @@ from c4.core.wire import Frame, Rejected
 from c4.core.wire.names import IDENT
 
 from .auth import ZapHandler, curve_server
+from .state import HostRegistry
 
 FORWARD_REJECTS = ("malformed", "identity", "not_owner", "unexpected_section",
                    "unexpected_kind", "bad_frame")
@@ -217,17 +218,17 @@ class Federation:
 
     def __init__(self, cfg: FederationConfig, boot: str, keys: tuple[bytes, bytes] | None,
                  max_frame: int, prepare: Callable[[bytes], Frame | Exception],
-                 log: logging.Logger | None = None) -> None:
+                 registry: HostRegistry, log: logging.Logger | None = None) -> None:
         self.cfg = cfg
         self.me = cfg.name
         self.boot = boot
         self.names = sorted(p.name for p in cfg.peers)
         self.prepare = prepare  # Ingest.prepare: the same decoding and checks as any frame
+        self.registry = registry  # each host's latest hello (stored: it outlives a restart)
         self.log = log or logging.getLogger("c4.aggregator.federation")
         self._owner_of: OrderedDict[str, str] = OrderedDict()  # job -> owner
         self._comm_owner: OrderedDict[str, str] = OrderedDict()  # comm -> owner (events)
         self._hosts: dict[str, dict[str, float]] = {}  # host -> owner -> last forward
-        self._hello: dict[str, bytes] = {}  # host -> its latest hello, encoded
         self.rejected: Counter[str] = Counter()
         self.received = 0
         self.duplicates = 0
@@ -280,9 +281,8 @@ class Federation:
         """The part of a committed frame this aggregator diagnoses (None: nothing); the rest
         is queued for its owners."""
         if frame.kind == "hello":
-            self._hello[frame.host] = self._encode(frame)
             for o in self._hosts.get(frame.host, {}):
-                self.links[o].put(self._hello[frame.host])
+                self.links[o].put(self._encode(frame))
             return frame
         if frame.kind == "event":
             if frame.body.get("type") != "nccl_stall":
@@ -313,8 +313,8 @@ class Federation:
             self._comm_owner.popitem(last=False)
         seen = self._hosts.setdefault(frame.host, {})
         for o, comms in theirs.items():
-            if o not in seen and frame.host in self._hello:  # the owner's first: who it is
-                self.links[o].put(self._hello[frame.host])
+            if o not in seen:  # the owner's first from this host: its NICs (hello)
+                self._put_hello(o, frame.host, now)
             if comms:
                 seen[o] = now
             body = {"interval": frame.body["interval"], "health": {}, "nccl": {"comms": comms}}
@@ -328,6 +328,11 @@ class Federation:
             return frame
         return Frame(frame.kind, frame.host, frame.boot, frame.seq, frame.ts,
                      {**frame.body, "nccl": {**nccl, "comms": mine}}, frame.version, frame.floor)
+
+    def _put_hello(self, peer: str, host: str, now: float) -> None:
+        h = self.registry.hosts.get(host)
+        if h is not None and h.hello:
+            self.links[peer].put(self._encode(Frame("hello", host, h.boot, 1, now, h.hello)))
 
     @staticmethod
     def _encode(frame: Frame) -> bytes:

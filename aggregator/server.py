@@ -163,7 +163,7 @@ class Server:
         self.federation: Federation | None = None
         if fcfg.enabled:
             self.federation = Federation(fcfg, self.core.ingest.boot, keys, cfg.max_frame,
-                                         self.core.ingest.prepare,
+                                         self.core.ingest.prepare, self.core.registry,
                                          logging.getLogger("c4.aggregator.federation"))
             self.core.ingest.federation = self.federation
             self.api.metrics.register(FederationMetrics(self.federation))

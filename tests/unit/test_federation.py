@@ -189,6 +189,8 @@ def test_a_hung_rank_in_pod_b_is_named_by_the_jobs_owner_in_pod_a(tmp_path: Path
         assert inc["class"] == "noncomm_hang" and inc["job"] == job, inc
         assert inc["suspects"][0]["id"] == "h2", inc  # a host of pod B, named in pod A
         assert CULPRIT in inc["evidence"]["culprit_ranks"]
+        # the owner learnt pod B's hosts from their hellos, forwarded before their first summary
+        assert c.servers["pod-a"].core.diagnosis.model.hosts["h2"].interval == IVL
         # pod B stored and acked its frames, diagnosed none of the job, forwarded it all
         assert not c.incidents("pod-b")
         assert not c.servers["pod-b"].core.diagnosis.model.comms
