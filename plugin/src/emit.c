@@ -168,24 +168,60 @@ static void name_of(const struct c4_comm *c, int32_t kind, char out[C4W_NAME]) {
     memcpy(out, "Unknown", 8);
 }
 
-/* The oldest op still in flight: started and not stopped, or with live children. Ops that
- * were stopped and only wait for late children do not count (nothing is known to run). */
-static struct c4_op *oldest_pending(struct c4_comm *c) {
+/* In flight: started and not completed, unless it was stopped and only waits for children it
+ * has not got (nothing is known to run). Once it has a child it stays in flight until it
+ * completes, so that an op never flickers out and back while its children come and go. */
+static int op_pending(struct c4_op *op) {
+  return !LD(op->awaiting) || LD(op->children) > 0;
+}
+
+/* Scans the op ring: the oldest op in flight (NULL if none), and how many collectives are
+ * live (started and not completed, in flight or not). */
+static struct c4_op *scan_ops(struct c4_comm *c, uint64_t *live_colls) {
   struct c4_op *best = NULL;
-  uint64_t best_opn = UINT64_MAX;
-  if (LD(c->ops_live) == 0) return NULL;
+  uint64_t best_opn = UINT64_MAX, colls = 0;
   for (int i = 0; i < C4_MAX_OPS; i++) {
     struct c4_op *op = &c->ops[i];
-    if (atomic_load_explicit(&op->state, memory_order_acquire) != C4_OP_LIVE ||
-        LD(op->refs) <= 0)
-      continue;
+    if (atomic_load_explicit(&op->state, memory_order_acquire) != C4_OP_LIVE) continue;
+    colls += LD(op->is_coll);
     uint64_t opn = LD(op->opn);
-    if (opn < best_opn) {
+    if (opn < best_opn && op_pending(op)) {
       best_opn = opn;
       best = op;
     }
   }
+  *live_colls = colls;
   return best;
+}
+
+static struct c4_op *oldest_pending(struct c4_comm *c) {
+  uint64_t colls;
+  return LD(c->ops_live) == 0 ? NULL : scan_ops(c, &colls);
+}
+
+/* Consistent when the counters did not move across the scan and the ring held exactly
+ * started - completed live collectives (each counted one was seen LIVE). Completed is read
+ * first: a completion it counts happened after its start, which the later read then counts. */
+int c4_read_progress(struct c4_comm *c, struct c4_progress *p) {
+  for (int tries = 0; tries < C4_PROGRESS_TRIES; tries++) {
+    memset(p, 0, sizeof *p);
+    p->completed = atomic_load_explicit(&c->seq_completed, memory_order_acquire);
+    p->started = atomic_load_explicit(&c->seq_started, memory_order_acquire);
+    uint64_t live;
+    struct c4_op *op = scan_ops(c, &live);
+    if (op != NULL) { /* read now: its slot is reused once it completes */
+      p->has_op = 1;
+      p->seq = LD(op->seq);
+      p->start_ns = LD(op->start_ns);
+      p->kind = LD(op->kind);
+    }
+    atomic_thread_fence(memory_order_acquire);
+    if (LD(c->seq_completed) == p->completed && LD(c->seq_started) == p->started &&
+        p->started - p->completed == live)
+      return 1;
+  }
+  p->has_op = 0; /* the op seen may belong to neither count */
+  return 0;
 }
 
 static int any_live_proxy_op(struct c4_comm *c) {
@@ -199,8 +235,10 @@ static int any_live_proxy_op(struct c4_comm *c) {
 static void emit_summary(struct c4_comm *c, uint64_t now, uint8_t flags) {
   struct c4w_summary s;
   memset(&s, 0, sizeof s);
-  s.seq_started = LD(c->seq_started);
-  s.seq_completed = LD(c->seq_completed);
+  struct c4_progress pr;
+  c4_read_progress(c, &pr);
+  s.seq_started = pr.started;
+  s.seq_completed = pr.completed;
   s.dropped_events = LD(c->dropped_events);
   s.span_ns = now - c->last_emit_ns;
   c->last_emit_ns = now;
@@ -210,15 +248,14 @@ static void emit_summary(struct c4_comm *c, uint64_t now, uint8_t flags) {
   c->entry_wait_prev = ew;
   c->entry_ops_prev = eo;
 
-  struct c4_op *op = oldest_pending(c);
-  if (op != NULL) {
-    uint64_t start = LD(op->start_ns), progress = LD(c->last_progress_ns);
+  if (pr.has_op) {
+    uint64_t start = pr.start_ns, progress = LD(c->last_progress_ns);
     s.has_inflight = 1;
-    s.inflight_seq = LD(op->seq);
+    s.inflight_seq = pr.seq;
     s.inflight_age_ns = now > start ? now - start : 0;
     if (progress < start) progress = start;
     s.progress_age_ns = now > progress ? now - progress : 0;
-    name_of(c, LD(op->kind), s.inflight_func);
+    name_of(c, pr.kind, s.inflight_func);
   }
 
   size_t ncolls = 0, npeers = 0;

@@ -26,4 +26,20 @@ struct c4_comm *c4_emitter_find(void *context, void **slot);
  * CLOSE_WAIT_NS (emit.c), never for the agent. */
 void c4_emitter_remove(struct c4_comm *c);
 
+/* A summary's progress as of one instant: the collectives started and completed and the op in
+ * flight. Counters and op ring change apart (a collective is counted as started before its op
+ * is LIVE and as completed after it is DONE) and ops start and end while the ring is scanned,
+ * so a read in one pass can say 272 started, 271 completed and nothing in flight, or name an
+ * op the counters do not count. Re-read until consistent (returns 1), at most
+ * C4_PROGRESS_TRIES times (an op's events take microseconds, its run milliseconds); past that
+ * (returns 0) the last counters stand, with no op in flight. */
+#define C4_PROGRESS_TRIES 64
+struct c4_progress {
+  uint64_t started, completed;
+  int has_op; /* the oldest op in flight: */
+  uint64_t seq, start_ns;
+  int32_t kind;
+};
+int c4_read_progress(struct c4_comm *c, struct c4_progress *p);
+
 #endif

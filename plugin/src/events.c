@@ -138,6 +138,8 @@ void *c4_op_start(struct c4_comm *c, int kind, const char *func, const char *alg
   ST(op->is_coll, (uint32_t)is_coll);
   ST(op->is_ce, (uint32_t)(kind == C4_OP_CE));
   ST(op->kind, kind_find(c, func, algo, proto));
+  /* Counted before the op is LIVE (the release below): a reader that sees the op LIVE sees it
+   * counted; one that sees it counted and not yet LIVE retries (emit.c, c4_read_progress). */
   ST(op->seq, is_coll ? ADD(c->seq_started, 1) : LD(c->seq_started));
   ST(op->opn, ADD(c->opn_next, 1));
   ST(op->bytes, (uint64_t)count * c4_dtype_size(dtype, c->version));
@@ -174,7 +176,8 @@ static void op_finalize(struct c4_op *op, uint64_t end, uint64_t now) {
     ADD(c->entry_wait_ns, first_move - start);
     ADD(c->entry_ops, 1);
   }
-  if (is_coll) ADD(c->seq_completed, 1);
+  /* Release: a reader that counts this completion sees the op DONE (emit.c, c4_read_progress). */
+  if (is_coll) atomic_fetch_add_explicit(&c->seq_completed, 1, RELEASE);
   if (!is_ce) { /* a copy-engine op "completes" when enqueued: neither order nor progress */
     atomic_max(&c->max_done_opn, opn + 1);
     ST(c->last_done_ns, end);

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from c4.agent.collectors.base import Context
+from c4.agent.collectors.base import Context, Sample
 from c4.agent.collectors.nccl import NcclCollector
 from c4.core.wire.kinds import validate_body
 
@@ -81,6 +81,19 @@ def test_harness_scenario(built, tmp_path, scenario: str, variant: str):
     assert "FAIL" not in out and "Sanitizer" not in out and "runtime error" not in out, out[-6000:]
 
 
+@pytest.mark.parametrize("variant", list(BUILDS))
+def test_progress_reads_are_consistent(built, tmp_path, variant: str):
+    """Summaries' progress (collectives started, completed, the op in flight) read while other
+    threads start and complete collectives: every read is one instant's (plugin/tests/progress.c)."""
+    if variant == "tsan" and (why := _tsan_works(tmp_path)) is not None:
+        pytest.skip(f"ThreadSanitizer does not run on this machine: {why}")
+    harness, _, env, _ = BUILDS[variant]
+    proc = subprocess.run([str(harness.parent / "progress")], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and " 0 inconsistent" in out, out[-6000:]
+
+
 @pytest.fixture
 def collector(tmp_path):
     c = NcclCollector(Context(host="h", run_dir=tmp_path / "run"), {})
@@ -100,9 +113,31 @@ def _emit(collector: NcclCollector, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+def _collect_all(collector: NcclCollector, timeout: float = 10.0) -> Sample:
+    """Everything the exited harness sent, the final summaries included: one collect() may run
+    before the collector's reader thread has taken them off the socket (then it reports an
+    earlier summary, mid-collective). A communicator is reported until its final summary has
+    been (then it is gone): collect until none is left, the last report of each wins."""
+    deadline = time.monotonic() + timeout
+    reports: dict[tuple[str, int], dict] = {}
+    events: list = []
+    while True:
+        sample = collector.collect(time.time())
+        events += sample.events
+        for c in sample.section["comms"]:
+            key = (c["comm"], c["rank"])
+            if key in reports:  # the interval fields add up
+                c["colls"] = reports[key]["colls"] + c["colls"]
+                c["peers"] = reports[key]["peers"] + c["peers"]
+            reports[key] = c
+        if (reports and not sample.section["comms"]) or time.monotonic() > deadline:
+            return Sample({**sample.section, "comms": list(reports.values())}, events, 0)
+        time.sleep(0.05)
+
+
 def test_emit_only_through_the_collector(collector):
     _emit(collector, "--seconds", "1.5", "--ranks", "4", "--comm", "c4e2e0000000abcd")
-    sample = collector.collect(time.time())
+    sample = _collect_all(collector)
     nccl = validate_body("report", {"interval": 1.0, "health": {}, "nccl": sample.section})["nccl"]
     comms = nccl["comms"]
     assert sorted(c["rank"] for c in comms) == [0, 1, 2, 3]
