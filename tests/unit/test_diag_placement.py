@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from c4.aggregator.config import AggregatorConfig
+from c4.aggregator.replay import Replay
 from c4.aggregator.server import Core, build_core
 from c4.core import record, wire
 from c4.core.topology import Topology, endpoint
@@ -48,25 +49,17 @@ def bulk_socks(rec: Path) -> set[tuple[str, int, str, int]]:
 def replay(rec: Path, truth: dict[str, Any], topo: Topology, real: Topology | None) -> Core:
     """Replay through ingest, diagnosis and C4P; `real`: C4P's map learns where each data
     connection's port runs on the recorded fabric, before the fault."""
-    core = build_core(AggregatorConfig(diagnosis=truth["diagnosis"]), db_path=":memory:",
-                      topology=topo)
+    r = Replay(cfg=AggregatorConfig(diagnosis=truth["diagnosis"]), topology=topo)
     if real is not None:
+        assert r.core.planner is not None
         for saddr, sport, daddr, dport in bulk_socks(rec):
             (sh, sn), (dh, dn) = real.nic_by_addr(saddr), real.nic_by_addr(daddr)
             src, dst = endpoint(sh, sn.dev), endpoint(dh, dn.dev)
-            core.planner.pathmap.learn(src, dst, f"tcp:{dport}", sport,
-                                       tuple(real.paths[(src, dst)]), truth["epoch"])
-    tick = None
-    for data in record.read(rec):
-        frame = core.ingest.decode(data)
-        now = frame.ts  # no clock skew in the lab
-        tick = tick or now + 1.0
-        while tick <= now:
-            core.ingest.tick(tick)
-            tick += 1.0
-        core.ingest.accept(frame, data, now)
-        core.ingest.take_acks(now)
-    return core
+            r.core.planner.pathmap.learn(src, dst, f"tcp:{dport}", sport,
+                                         tuple(real.paths[(src, dst)]), truth["epoch"])
+    r.feed(rec)
+    r.finish()
+    return r.core
 
 
 def named(core: Core) -> list[str]:

@@ -4,10 +4,8 @@ is C4P's path map (the real PathMap class) answering each request at once with t
 simulated fabric takes; the planner's side is tested in test_planner_service.py."""
 from __future__ import annotations
 
-from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.planner.pathmap import PathMap
-from c4.aggregator.server import build_core
-from c4.core import record
+from c4.aggregator.replay import Replay
 from c4.core.topology import Topology, endpoint
 from c4.lab.evaluate import load_truth, score
 from c4.lab.sim import EPOCH, Fault, SimConfig, Simulator
@@ -39,20 +37,11 @@ class Probes:
 
 def run(tmp_path, probes: Probes | None, topo: Topology):
     out = tmp_path / "run.c4rec"
-    core = build_core(AggregatorConfig(), db_path=":memory:", topology=topo)
+    r = Replay(topology=topo)
     if probes is not None:
-        core.diagnosis.use_paths(probes)
-    tick = None
-    for data in record.read(out):
-        frame = core.ingest.decode(data)
-        now = frame.ts  # no clock skew: a host's clock is the replay's
-        tick = tick or now + 1.0
-        while tick <= now:
-            core.ingest.tick(tick)
-            tick += 1.0
-        core.ingest.accept(frame, data, now)
-        core.ingest.take_acks(now)
-    incidents = core.diagnosis.incidents(None)
+        r.core.diagnosis.use_paths(probes)
+    r.feed(out)
+    incidents = r.finish().incidents
     return incidents, score(load_truth(out), incidents, EPOCH)
 
 
