@@ -294,3 +294,88 @@ def test_the_owner_down_costs_pod_b_dropped_forwards_not_ingest(tmp_path: Path) 
         comm = wait_for(lambda: c.servers["pod-a"].core.diagnosis.model.comms.get(COMM), 5,
                         "the owner's model")
         assert {r.host for r in comm.ranks.values()} == {"h2"}
+
+
+def test_the_owner_applies_each_peer_stream_in_order_once(tmp_path: Path) -> None:
+    """A gap (a forward lost in flight) holds the later ones back until the sender goes back
+    and resends from it; a resend of what was applied is a duplicate, not a second report."""
+    job = job_owned_by("pod-a")
+    with ExitStack() as stack:
+        c = Cluster(tmp_path, stack, running=("pod-a",))
+        a = c.servers["pod-a"]
+        peer = stack.enter_context(zmq.Context.instance().socket(zmq.DEALER))
+        peer.setsockopt(zmq.LINGER, 0)
+        ClientKeys(c.pub["pod-a"], *keys.load_secret(tmp_path / "pod-b" / "server.key_secret")
+                   ).apply(peer)
+        peer.connect(f"tcp://127.0.0.1:{c.fed_port['pod-a']}")
+
+        def report(seq: int) -> Frame:  # rank 4 on h2 has completed `seq` collectives
+            return Frame("report", "h2", "b00t", seq, 1.0, {"interval": IVL, "health": {},
+                                                            "nccl": {"comms": [summary(
+                                                                job, 4, seq, seq, 1)]}})
+
+        def acked() -> int:
+            best = 0
+            while peer.poll(200):
+                best = max(best, msgpack.unpackb(peer.recv())["fseq"])
+            return best
+
+        completed = lambda: a.core.diagnosis.model.comms[COMM].ranks[4].seq_completed  # noqa: E731
+        _forward(peer, 1, report(1))
+        _forward(peer, 3, report(3))  # 2 was lost: 3 waits
+        assert wait_for(acked, 5, "ack") == 1
+        assert completed() == 1
+        for fseq in (1, 2, 3):  # the sender goes back to the oldest unacked (1 is a resend)
+            _forward(peer, fseq, report(fseq))
+        assert wait_for(acked, 5, "ack") == 3
+        assert completed() == 3
+        st = c.stats("pod-a")["federation"]["in"]
+        assert st["received"] == 3 and st["duplicates"] == 1
+
+
+def test_the_sender_resends_what_was_not_acked_in_order(tmp_path: Path) -> None:
+    """Pod B's side against a stand-in owner that loses the first forward it gets: after
+    resend_after the link goes back and sends it again, followed by the rest, in order."""
+    from c4.aggregator.federation import Federation
+    from c4.aggregator.state import HostRegistry
+
+    job = job_owned_by("pod-a")
+    owner_port = free_port()
+    cfg = build(FederationConfig, {
+        "name": "pod-b", "listen": f"tcp://127.0.0.1:{free_port()}", "resend_after": 1.0,
+        "peers": [{"name": "pod-a", "endpoint": f"tcp://127.0.0.1:{owner_port}"},
+                  {"name": "pod-b", "endpoint": "tcp://127.0.0.1:1"}]}, "federation")
+    with ExitStack() as stack:
+        stand_in = stack.enter_context(zmq.Context.instance().socket(zmq.ROUTER))
+        stand_in.setsockopt(zmq.LINGER, 0)
+        stand_in.bind(f"tcp://127.0.0.1:{owner_port}")
+        fed = Federation(cfg, "0123456789abcdef", None, 1 << 20, lambda d: wire.decode(d),
+                         HostRegistry())
+        stack.callback(fed.close)
+        for seq in (1, 2, 3):
+            local = fed.local(Frame("report", "h2", "b00t", seq, 1.0, {
+                "interval": IVL, "health": {}, "nccl": {"comms": [summary(job, 4, seq, seq)]}}),
+                10.0)
+            assert local is not None and local.body["nccl"]["comms"] == []  # not diagnosed here
+
+        rids: list[bytes] = []
+
+        def got(now: float, wait: float = 5.0) -> list[int]:
+            out: list[int] = []
+            deadline = time.monotonic() + wait
+            while not out and time.monotonic() < deadline:
+                fed.pump(now)
+                while stand_in.poll(100):
+                    rid, head, _ = stand_in.recv_multipart()
+                    rids.append(rid)
+                    out.append(msgpack.unpackb(head)["fseq"])
+            return out
+
+        assert got(10.0) == [1, 2, 3]  # lost by the stand-in: no ack
+        assert got(10.5, wait=0.5) == []  # within resend_after: nothing again
+        assert got(11.5) == [1, 2, 3]  # went back to the oldest unacked
+        stand_in.send_multipart([rids[-1], msgpack.packb({"boot": "0123456789abcdef",
+                                                          "fseq": 2})])
+        wait_for(lambda: (fed.pump(12.0), fed.links["pod-a"].acked == 2)[1], 5, "the ack")
+        assert [f for f, _ in fed.links["pod-a"].queue] == [3]
+        assert fed.stats()["out"]["pod-a"]["resent"] == 3
