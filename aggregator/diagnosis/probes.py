@@ -106,11 +106,15 @@ class Prober:
 
 
 # -- measuring probes ---------------------------------------------------------------------
-MEASURE_COUNT = 200  # datagrams per leg and round (at the agent's probe rate: ~1 s)
-ROUND_S = 5.0  # a leg is measured again at most this often while its path finding lasts
+# datagrams per leg and round: 2 s at 200/s, ~100/s per leg on average, well inside what the
+# agent's token bucket (500/s) and a switch's ICMP policer allow
+MEASURE_COUNT = 400
+ROUND_S = 4.0  # a leg is measured again at most this often while its path finding lasts
 WINDOW_S = 60.0  # rounds older than this no longer vote
-MIN_ROUNDS = 2  # rounds a leg needs before it votes (one burst of congestion is one round)
-MIN_LOST = 3  # lost datagrams, in at least MIN_ROUNDS rounds, before a leg is lossy
+MIN_ROUNDS = 2  # rounds a leg needs before it votes
+MIN_LOST = 3  # lost datagrams, in at least MIN_ROUNDS rounds, before a leg is lossy ...
+HOLD_S = 8.0  # ... the first and last of them this far apart: another tenant's burst is shorter
+RTT_ROUNDS = 4  # rounds before RTT votes: its lower median ignores two a burst could cover
 BACKGROUND_LOSS = 1e-4  # what a healthy leg loses (answers a router's ICMP policer drops)
 P_LOSSY = 1e-3  # a leg is lossy when background loss this unlikely explains its losses
 P_CLEAN = 1e-2  # ... and clean when the lossy legs' rate this unlikely gives its few losses
@@ -238,7 +242,8 @@ class Measuring:
             return f
         for leg in legs:
             st = self.legs.setdefault(leg, _Rounds())
-            if not st.pending and now - st.asked >= ROUND_S:
+            # an answer lost on the way (agent restarted) holds a leg for 3 rounds at most
+            if now - st.asked >= (3 * ROUND_S if st.pending else ROUND_S):
                 st.asked = now
                 st.pending = self.measurer.measure(leg, MEASURE_COUNT, now)
                 self.requested += st.pending
@@ -327,26 +332,31 @@ class Measuring:
         return None
 
     def _rounds(self, leg: Leg) -> list[LegResult]:
+        return [r for _, r in self._timed(leg)]
+
+    def _timed(self, leg: Leg) -> list[tuple[float, LegResult]]:
         st = self.legs.get(leg)
-        return [r for _, r in st.rounds] if st else []
+        return list(st.rounds) if st else []
 
     def _loss_states(self, crossed: dict[Leg, frozenset[str]]) -> dict[Leg, str | None]:
         tally = {}
         for leg in crossed:
-            rs = self._rounds(leg)
-            sent = sum(r.sent for r in rs)
-            lost = sum(r.sent - r.answered for r in rs)
-            lossy_rounds = sum(r.answered < r.sent for r in rs)
-            tally[leg] = (len(rs), sent, lost, lossy_rounds)
-        bad = {leg for leg, (n, sent, lost, lr) in tally.items()
-               if n >= MIN_ROUNDS and lost >= MIN_LOST and lr >= MIN_ROUNDS
+            rs = self._timed(leg)
+            sent = sum(r.sent for _, r in rs)
+            lost = sum(r.sent - r.answered for _, r in rs)
+            when = [t for t, r in rs if r.answered < r.sent]
+            persistent = len(when) >= MIN_ROUNDS and when[-1] - when[0] >= HOLD_S
+            tally[leg] = (len(rs), sent, lost, persistent)
+        bad = {leg for leg, (n, sent, lost, persistent) in tally.items()
+               if persistent and lost >= MIN_LOST
                and _poisson_sf(lost, sent * BACKGROUND_LOSS) < P_LOSSY}
         if not bad:
             return dict.fromkeys(crossed)
-        # the lossy legs' rate, taken low (a clean leg must have been able to see it)
+        # the lossy legs' rate, taken low (its one-sided 95 % bound): a clean leg must have
+        # been able to see it
         lost = sum(tally[leg][2] for leg in bad)
         sent = sum(tally[leg][1] for leg in bad)
-        rate = max(1.0, lost - 2 * math.sqrt(lost)) / sent
+        rate = max(1.0, lost - 1.645 * math.sqrt(lost)) / sent
         out: dict[Leg, str | None] = {}
         for leg, (n, s, lo, _) in tally.items():
             clean = n >= MIN_ROUNDS and _poisson_cdf(lo, s * rate) < P_CLEAN
@@ -357,8 +367,8 @@ class Measuring:
         p90: dict[Leg, float] = {}
         for leg in crossed:
             xs = sorted(r.rtt_p90_ms for r in self._rounds(leg) if r.rtt_p90_ms is not None)
-            if len(xs) >= MIN_ROUNDS:
-                p90[leg] = xs[len(xs) // 2]
+            if len(xs) >= RTT_ROUNDS:
+                p90[leg] = xs[(len(xs) - 1) // 2]
         out: dict[Leg, str | None] = dict.fromkeys(crossed)
         for leg, v in p90.items():
             peers = [w for o, w in p90.items() if o.ttl == leg.ttl and o != leg]
@@ -378,5 +388,5 @@ class Measuring:
         return {"src": leg.src, "ttl": leg.ttl, "via": leg.via, "rounds": len(rs),
                 "sent": sum(r.sent for r in rs),
                 "lost": sum(r.sent - r.answered for r in rs),
-                "rtt_p90_ms": round(p90[len(p90) // 2], 3) if p90 else None,
+                "rtt_p90_ms": round(p90[(len(p90) - 1) // 2], 3) if p90 else None,
                 "crosses": sorted(c for c, comps in cands.items() if links & comps)}

@@ -60,3 +60,21 @@ def test_loss_too_low_for_the_probes_stays_a_path(tmp_path):
     assert sc.named == 0 and sc.on_path == 1 and sc.false_incidents == 0, \
         [i["summary"] for i in incidents]
     assert all(i["localised"] is None for i in incidents)
+
+
+def test_another_tenants_burst_on_one_leg_names_nothing(tmp_path):
+    """The fault (0.05 % on spine00=>leaf01) is too low for node001's leg to see; a 6 s burst
+    of another tenant on leaf00=>spine00 drops and queues node000's datagrams for two rounds.
+    A burst is not a fault: the loss and the RTT of two rounds within 6 s do not vote."""
+    sim = Simulator(SimConfig(duration=80, seed=5, noise=0.05, realism=False,
+                              faults=[Fault.parse(
+                                  "lossy-link:leaf01-spine00@20;loss=0.0005;dir=down")],
+                              **SMALL))
+    sim.bursts = [(30.0, 36.0, "leaf00-spine00", "up", 4.0)]
+    out = tmp_path / "run.c4rec"
+    sim.run(out)
+    truth = load_truth(out)
+    origin = clock_origin(out, truth)
+    res = replay(out, measurer=SimMeasurer(sim, origin))
+    assert all(i["localised"] is None for i in res.incidents), \
+        [i["summary"] for i in res.incidents]
