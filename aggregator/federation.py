@@ -144,7 +144,7 @@ class PeerKeys:
 class Link:
     """Frames for one peer (its jobs' sections), in order, until it acks them."""
 
-    def __init__(self, peer: Peer, sock: zmq.Socket[Any] | None, cfg: FederationConfig) -> None:
+    def __init__(self, peer: Peer, sock: zmq.Socket[Any], cfg: FederationConfig) -> None:
         self.peer = peer
         self.sock = sock
         self.cfg = cfg
@@ -181,8 +181,6 @@ class Link:
             self.progress = now
 
     def pump(self, me: str, boot: str, now: float) -> None:
-        if self.sock is None:
-            return
         if self.sent and now - self.progress > self.cfg.resend_after:
             self.resent += self.sent  # go back N: the owner applies only the next fseq
             self.sent = 0
@@ -266,7 +264,7 @@ class Federation:
             self.links[p.name] = Link(p, s, cfg)
 
     def sockets(self) -> list[zmq.Socket[Any]]:
-        return [self.sock] + [lk.sock for lk in self.links.values() if lk.sock is not None]
+        return [self.sock] + [lk.sock for lk in self.links.values()]
 
     # -- pod side: what stays, what goes ----------------------------------------------------
     def owner(self, job: str) -> str:
@@ -343,7 +341,7 @@ class Federation:
     def pump(self, now: float) -> None:
         """Read the owners' acks and send what is due."""
         for lk in self.links.values():
-            while lk.sock is not None:
+            while True:
                 try:
                     msg = lk.sock.recv(zmq.NOBLOCK)
                 except zmq.Again:
@@ -378,9 +376,9 @@ class Federation:
                 self.duplicates += 1
             elif fseq == st.applied + 1:
                 st.applied = fseq
-                self.received += 1
                 try:
                     good.append(self._check(self.prepare(data)))
+                    self.received += 1
                 except Rejected as exc:  # consumed: a bad frame must not stall the stream
                     self._reject(exc)
             # else a gap: the sender goes back and resends from it
@@ -467,8 +465,7 @@ class Federation:
 
     def close(self) -> None:
         for lk in self.links.values():
-            if lk.sock is not None:
-                lk.sock.close(0)
+            lk.sock.close(0)
         self.sock.close(0)
         if self.zap is not None:
             self.zap.close()

@@ -254,12 +254,12 @@ def test_forwards_from_unknown_keys_and_bad_forwards_from_a_peer_are_rejected_an
             _forward(peer_sock, i, f)
         peer_sock.send_multipart([b"\xc1", b"x"])  # not msgpack: malformed header
         _forward(peer_sock, 7, good, sender="pod-a")  # pod B's key naming another peer
-        st = wait_for(lambda: (lambda s: s if s["received"] >= 5 and s["rejected"]["identity"]
-                               and s["rejected"]["malformed"] else None)(
-            c.stats("pod-a")["federation"]["in"]), 5, "the forwards handled")
+        st = wait_for(lambda: (lambda s: s if s["received"] + sum(s["rejected"].values()) >= 7
+                               else None)(c.stats("pod-a")["federation"]["in"]), 5,
+                      "the forwards handled")
         assert st["rejected"] == {"malformed": 1, "identity": 1, "not_owner": 1,
                                   "unexpected_section": 1, "unexpected_kind": 1, "bad_frame": 1}
-        assert st["received"] == 5
+        assert st["received"] == 1
         # the one good forward reached diagnosis as from h2; the stranger's never did
         comm = a.core.diagnosis.model.comms[COMM]
         assert set(comm.ranks) == {4} and comm.ranks[4].host == "h2"
