@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -208,6 +209,7 @@ class Inbound:
     boot: str
     applied: int  # every fseq up to this one is applied (or rejected, or lost)
     lost: int = 0
+    heard: float = 0.0  # time.monotonic() of its last forward: a silent peer shows
 
 
 class Federation:
@@ -412,6 +414,7 @@ class Federation:
         st = self.inbound.get(sender)
         if st is None or st.boot != boot:  # a new incarnation: take its stream from here
             st = self.inbound[sender] = Inbound(boot, floor - 1)
+        st.heard = time.monotonic()
         if floor - 1 > st.applied:  # dropped from its full queue: lost, not awaited
             st.lost += floor - 1 - st.applied
             st.applied = floor - 1
@@ -454,11 +457,16 @@ class Federation:
 
     # -- reading --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
+        now = time.monotonic()
         return {
             "name": self.me, "peers": self.names,
             "out": {n: lk.stats() for n, lk in sorted(self.links.items())},
             "in": {"received": self.received, "duplicates": self.duplicates,
                    "lost": {n: s.lost for n, s in sorted(self.inbound.items())},
+                   # seconds since each peer's last forward (None: none since this start)
+                   "silent_s": {n: round(now - self.inbound[n].heard, 3)
+                                if n in self.inbound else None
+                                for n in self.names if n != self.me},
                    "rejected": {r: self.rejected.get(r, 0) for r in FORWARD_REJECTS},
                    "auth": self.zap.stats() if self.zap is not None else None},
         }

@@ -198,3 +198,10 @@ class FederationMetrics:
         for peer, n in sorted(inn["lost"].items()):
             lost.add_metric([peer], n)
         yield lost
+        silent = GaugeMetricFamily("c4_federation_peer_silent_seconds",
+                                   "Seconds since a peer's last forward (NaN: none since this "
+                                   "aggregator started); its hosts' ranks stop with it",
+                                   labels=["peer"])
+        for peer, age in sorted(inn["silent_s"].items()):
+            silent.add_metric([peer], float("nan") if age is None else age)
+        yield silent
