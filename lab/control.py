@@ -40,9 +40,11 @@ counter_min_rate = 2.0
 
 # C4P in the lab: plans go out on their own after a C4D link incident (and periodically when
 # they gain enough); `c4 plan apply` pushes one by hand (with the lab's API token).
+# `up(auto_apply=False)` keeps them proposals (bench/lab --no-auto-apply: C4D on a job whose
+# connections stay where the lab put them).
 LAB_PLANNING = """
 [planning]
-auto_apply = true
+auto_apply = {auto_apply}
 interval_s = 10.0
 """
 
@@ -93,7 +95,7 @@ def _get(url: str, timeout: float = 2.0) -> Any:
 
 
 def up(topology: str | None = None, prefix: str = "c4lab", collectors: tuple[str, ...] = DEFAULT_COLLECTORS,
-       interval: float = 1.0, say: Say = lambda s: None) -> LabState:
+       interval: float = 1.0, say: Say = lambda s: None, auto_apply: bool = True) -> LabState:
     check_prefix(prefix)
     src = resolve_topology(topology)
     topo = Topology.load(src)
@@ -140,7 +142,8 @@ def up(topology: str | None = None, prefix: str = "c4lab", collectors: tuple[str
         f'name = "lab-{prefix}"\nlisten = "{ingest}"\napi = "127.0.0.1:{port}"\n'
         f'db = "{d}/c4.db"\ntopology = "{d}/topology.json"\n'
         f'server_secret_key = "{keys}/server.key_secret"\nenrolled_keys = "{keys}/enrolled"\n'
-        f'api_token_file = "{_api_token(d)}"\n{LAB_PLANNING}'
+        f'api_token_file = "{_api_token(d)}"\n'
+        f'{LAB_PLANNING.format(auto_apply=str(auto_apply).lower())}'
         f'{LAB_DIAGNOSIS}')
     st.data.update(api=f"http://127.0.0.1:{port}", ingest=ingest)
     agg = _spawn(st, "aggregator", c4_argv("aggregator", "run", "--config",
