@@ -230,8 +230,8 @@ def test_forwards_from_unknown_keys_and_bad_forwards_from_a_peer_are_rejected_an
         stranger.curve_serverkey = c.pub["pod-a"]
         stranger.curve_publickey, stranger.curve_secretkey = zmq.curve_keypair()
         stranger.connect(endpoint)
-        good = Frame("report", "h2", "b00t", 1, 1.0, {"interval": IVL, "health": {}, "nccl": {
-            "comms": [summary(mine, 4, 5, 5, 5)]}})
+        good = Frame("report", "h3", "b00t", 1, 1.0, {"interval": IVL, "health": {}, "nccl": {
+            "comms": [summary(mine, 6, 5, 5, 5)]}})  # valid, but from the wrong senders below
         _forward(stranger, 1, good)
         wait_for(lambda: c.stats("pod-a")["federation"]["in"]["auth"]["denied"]["unenrolled"],
                  5, "the unknown key refused")
@@ -262,7 +262,7 @@ def test_forwards_from_unknown_keys_and_bad_forwards_from_a_peer_are_rejected_an
         assert st["rejected"] == {"malformed": 1, "identity": 1, "not_owner": 1,
                                   "unexpected_section": 1, "unexpected_kind": 1, "bad_frame": 1}
         assert st["received"] == 1
-        # the one good forward reached diagnosis as from h2; the stranger's never did
+        # the one good forward reached diagnosis as from h2; the stranger's (rank 6) never did
         comm = a.core.diagnosis.model.comms[COMM]
         assert set(comm.ranks) == {4} and comm.ranks[4].host == "h2"
 
