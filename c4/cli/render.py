@@ -204,7 +204,9 @@ def _baseline(cells: Iterable[Iterable[float | None]]) -> float | None:
     """The lower quartile: in a ring, half the connections run through a slow node and would
     drag a median up; the faster quarter is still the healthy pace."""
     values = sorted(v for row in cells for v in row if v is not None)
-    return statistics.quantiles(values, n=4)[0] if len(values) > 1 else (values or [None])[0]
+    if len(values) > 1:
+        return statistics.quantiles(values, n=4)[0]
+    return values[0] if values else None
 
 
 def _grade(ratio: float) -> tuple[str, str]:

@@ -2,7 +2,8 @@
 into a fresh venv, away from the checkout. Every module imports from the wheel, no generic
 top-level `agent`/`aggregator` lands in site-packages, the layer contract holds (import-linter
 on the installed tree), (as root) the eBPF collectors load their C source from the wheel's
-package data, ruff finds nothing, and c4.core, c4.agent and c4.aggregator pass mypy --strict."""
+package data, ruff finds nothing, and c4.core, c4.agent, c4.aggregator and c4.cli pass mypy
+--strict."""
 from __future__ import annotations
 
 import os
@@ -117,13 +118,16 @@ def test_ruff_finds_nothing() -> None:
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
-def test_mypy_strict_on_core_agent_and_aggregator(venv: Path) -> None:
-    """The bottom layer, which every other imports, the agent, which runs on every host, and
-    the aggregator are checked strictly (issue 9); mypy runs on the installed tree, where each
-    sits in its package as users get it."""
+def test_mypy_strict_on_core_agent_aggregator_and_cli(venv: Path, tmp_path: Path) -> None:
+    """The bottom layer, which every other imports, the agent, which runs on every host, the
+    aggregator and the CLI are checked strictly (issue 9); mypy runs on the installed tree,
+    where each sits in its package as users get it. The CLI imports c4.lab, which is not
+    gated yet: followed silently (its types still check the CLI's calls)."""
     site = _run(venv, "import c4, os; print(os.path.dirname(os.path.dirname(c4.__file__)))")
-    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--ignore-missing-imports",
-                          "--no-incremental",
-                          "-p", "c4.core", "-p", "c4.agent", "-p", "c4.aggregator"],
+    ini = tmp_path / "mypy.ini"
+    ini.write_text("[mypy]\n\n[mypy-c4.lab.*]\nfollow_imports = silent\n")
+    out = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ini), "--strict",
+                          "--ignore-missing-imports", "--no-incremental", "-p", "c4.core",
+                          "-p", "c4.agent", "-p", "c4.aggregator", "-p", "c4.cli"],
                          capture_output=True, text=True, cwd=site.stdout.strip())
     assert out.returncode == 0, out.stdout[-4000:]

@@ -11,8 +11,8 @@ from c4.core import config
 from ._http import fail
 
 
-def add_run(sub: argparse._SubParsersAction, name: str, help: str, run_help: str,
-            description: str, config_help: str) -> argparse.ArgumentParser:
+def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str,
+            run_help: str, description: str, config_help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
     asub = p.add_subparsers(dest=f"{name}_command", metavar="ACTION")
     asub.required = True

@@ -31,7 +31,8 @@ def get_json(base_url: str, path: str, timeout: float = 10.0,
                                                  "Authorization": f"Bearer {post_token}"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
+            body: dict[str, Any] = json.loads(resp.read())
+            return body
     except urllib.error.HTTPError as exc:
         try:
             msg = json.loads(exc.read()).get("error", exc.reason)

@@ -8,7 +8,7 @@ from c4.core import config
 from ._daemon import add_run, start
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = add_run(sub, "agent", "the per-host agent",
                 "run the agent in the foreground (systemd: c4-agent.service)",
                 "Run the agent: collectors -> reports -> aggregator. Stops cleanly on SIGTERM. "

@@ -8,7 +8,7 @@ from c4.core import config
 from ._daemon import add_run, start
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = add_run(sub, "aggregator", "the central aggregator", "run the aggregator in the foreground",
                 "Run the aggregator: ZeroMQ ingest, host state, C4D, HTTP JSON API and /metrics. "
                 "Config keys: docs/config.md.", "aggregator TOML config (default: all defaults)")

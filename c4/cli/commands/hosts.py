@@ -14,7 +14,7 @@ from c4.core.catalog import ROCE_SIGNALS
 from ._http import add_aggregator_arg, query
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("hosts", help="list hosts", description="List the hosts the aggregator "
                        "knows: status, last report, NICs, key RoCE rates, collector health.")
     add_aggregator_arg(p)
@@ -145,7 +145,7 @@ ROWS_SHOWN = 10  # the human view lists the busiest few; --json has everything
 
 def flows_table(sec: dict[str, Any] | None) -> Table | None:
     flows = (sec or {}).get("flows") or []
-    if not flows:
+    if sec is None or not flows:
         return None
     flows = sorted(flows, key=lambda f: -f.get("bytes_acked_delta", 0))
     # The agent lists only flows that changed (plus a periodic full refresh): `tracked` counts

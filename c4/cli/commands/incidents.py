@@ -13,7 +13,7 @@ from ._http import query as http_query
 STATES = ("open", "mitigated", "resolved")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("incidents", help="list incidents", description="List C4D incidents, newest "
                        "first: state, class, job, top suspect with confidence, age, summary.")
     p.add_argument("--state", choices=STATES, help="only incidents in this state (default: all)")

@@ -10,7 +10,7 @@ from c4.cli.commands._http import print_json as _print
 from c4.core.topology import TopologyError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "lab", help="emulate a GPU cluster's fabric on this machine (root)",
         description="Build a leaf-spine fabric of network namespaces (real Linux ECMP, TCP, "
@@ -273,6 +273,7 @@ def _follow(args: argparse.Namespace, st: Any, rid: str) -> int:
     from pathlib import Path
 
     from c4.lab import runs
+    from c4.lab.state import LabError
     from c4.lab.workload import read_steps
 
     _, info = runs.run_info(st, rid)
@@ -297,7 +298,7 @@ def _follow(args: argparse.Namespace, st: Any, rid: str) -> int:
             if any("done" in s for s in steps):
                 break
             if not runs.alive_ranks(info):
-                raise runs.LabError(f"the ranks exited early (see {d}/rank*.log)")
+                raise LabError(f"the ranks exited early (see {d}/rank*.log)")
             time.sleep(0.2)
     except KeyboardInterrupt:
         runs.stop_run(st, rid)

@@ -15,7 +15,7 @@ from ._http import ApiError, add_aggregator_arg, fail, get_json, print_json
 from ._http import query as http_query
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="C4P traffic plan", description="Show the planner's "
                        "proposal: the busiest links now and after the plan, side by side, and "
                        "which flows move to which source port; the last applied plan and what "

@@ -8,7 +8,7 @@ from rich.console import Console
 from ._http import fail, print_json
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay", help="replay a recorded frame stream through ingest and diagnosis",
         description="Feed a recording (`c4 agent run --record`, `c4 sim`) through the same "

@@ -9,7 +9,7 @@ from c4.lab.sim import FAULT_KINDS, TRANSPORTS, Fault, SimConfig, SimError, simu
 from c4.core.topology import TopologyError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     kinds = "; ".join(f"{k}: {t}" for k, (_, t) in FAULT_KINDS.items())
     p = sub.add_parser(
         "sim", help="simulate a training cluster and write a recording to replay",

@@ -7,7 +7,7 @@ from pathlib import Path
 from ._http import fail, print_json
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("topology", help="topology files", description="Topology files "
                        "(format: docs/planning.md).")
     tsub = p.add_subparsers(dest="topology_command", metavar="ACTION")
