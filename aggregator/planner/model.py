@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from itertools import chain
 from typing import Any, Collection, Hashable, Iterable, Mapping
 
 import numpy as np
 
 from c4.core.topology import Topology
 
-from .pathmap import PathMap
+from .pathmap import Path, PathMap
 from .solver import Instance
 
 
@@ -32,14 +32,15 @@ class Flow:
     job: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # what the agent needs to find it
 
+    # (src, dst, path class): the path map's key; flows are never changed in place
+    key: tuple[str, str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.key = (self.src, self.dst, path_class(self.proto, self.dport))
+
     @property
     def pclass(self) -> str:
-        return path_class(self.proto, self.dport)
-
-    @cached_property
-    def key(self) -> tuple[str, str, str]:
-        """(src, dst, path class): the path map's key; flows are never changed in place."""
-        return self.src, self.dst, self.pclass
+        return self.key[2]
 
 
 def path_class(proto: str, dport: int) -> str:
@@ -58,8 +59,8 @@ class Health:
 class Built:
     inst: Instance | None
     flows: list[Flow]  # the planned flows, in instance order
-    paths: list[list[tuple[str, ...]]]  # per planned flow: candidate paths (link ids)
-    ports: list[list[list[int]]]  # per planned flow, per candidate: known ports
+    paths: list[tuple[Path, ...]]  # per planned flow: candidate paths (link ids)
+    ports: list[tuple[tuple[int, ...], ...]]  # per planned flow, per candidate: known ports
     current: list[int]  # per planned flow: candidate index of its current port, -1 unknown
     unplanned: list[tuple[Flow, str]]  # flows left alone, with the reason
     arcs: list[tuple[str, bool]]  # arc index -> (link id, forward)
@@ -76,6 +77,11 @@ class Arcs:
         self.ends = {lid: (2 * i, lk.a, lk.b) for i, (lid, lk) in enumerate(topo.links.items())}
         self.gbps = np.repeat([topo.links[lid].gbps * 1e9 / 8 for lid in self.ids], 2)
         self.named = [(lid, d == 0) for lid in self.ids for d in (0, 1)]
+        nodes: dict[str, int] = {}
+        self.a = np.array([nodes.setdefault(lk.a, len(nodes)) for lk in topo.links.values()],
+                          dtype=np.intp)
+        self.b = np.array([nodes.setdefault(lk.b, len(nodes)) for lk in topo.links.values()],
+                          dtype=np.intp)
 
     def of_path(self, path: tuple[str, ...]) -> tuple[int, ...]:
         """Arc indices along a path from its NIC port (the first access link's `a`)."""
@@ -95,6 +101,35 @@ class Arcs:
                 raise ValueError(f"path {path}: {lid} does not continue it")
         return tuple(out)
 
+    def of_paths(self, paths: list[tuple[str, ...]]) -> list[tuple[int, ...]]:
+        """`of_path` of each path, vectorised over all of them (a first build turns
+        100,000 paths into arcs)."""
+        if not paths:
+            return []
+        lens = np.fromiter(map(len, paths), dtype=np.intp, count=len(paths))
+        links = np.fromiter(map(self.index.__getitem__, chain.from_iterable(paths)),
+                            dtype=np.intp, count=int(lens.sum()))
+        ends = np.cumsum(lens)
+        starts = ends - lens
+        pos = np.arange(len(links)) - np.repeat(starts, lens)
+        a, b = self.a[links], self.b[links]
+        fwd = np.ones(len(links), dtype=bool)
+        reached = b.copy()  # the node each link leads to, in the path's direction
+        for j in range(1, int(lens.max())):
+            at = np.flatnonzero(pos == j)
+            prev = reached[at - 1]
+            f = a[at] == prev
+            bad = ~f & (b[at] != prev)
+            if bad.any():
+                i = int(at[np.argmax(bad)])
+                p = int(np.searchsorted(ends, i, side="right"))
+                raise ValueError(f"path {paths[p]}: {paths[p][i - starts[p]]} does not "
+                                 "continue it")
+            fwd[at] = f
+            reached[at] = np.where(f, b[at], a[at])
+        flat = (2 * links + ~fwd).tolist()
+        return [tuple(flat[s:e]) for s, e in zip(starts.tolist(), ends.tolist())]
+
     def caps(self, suspect: dict[str, str], suspect_factor: float) -> np.ndarray:
         """Bytes/s per arc (links are full duplex: each direction has the link's rate)."""
         cap = self.gbps.copy()
@@ -111,17 +146,16 @@ class Arcs:
 PairKey = tuple[str, str, str]  # (src, dst, path class)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pair:
-    """What one (src, dst, proto) contributes: its known ports and candidate paths."""
+    """What one (src, dst, proto) contributes: its known ports and candidate paths. Tuples
+    where it can: the garbage collector stops scanning them (16,384 pairs at 16,384 GPUs)."""
 
     until: float  # when its oldest entry expires
-    known: dict[int, tuple[str, ...]]
-    links: frozenset[str]  # every link of a known path
-    paths: list[tuple[str, ...]]  # usable (no down link), sorted
-    ports: list[list[int]]
+    known: bool  # any port known (usable or not)
+    paths: tuple[Path, ...]  # usable (no down link), sorted
+    ports: tuple[tuple[int, ...], ...]  # the path map's own tuples
     arcs: list[tuple[int, ...]]  # the same object while the pair is unchanged
-    index: dict[int, int]  # known port -> candidate index (ports on down paths absent)
 
 
 class Model:
@@ -145,12 +179,12 @@ class Model:
         self.suspect_factor = suspect_factor
         self.arcs = arcs or Arcs(topo)
         self.pathmap: PathMap | None = None
+        self.now = 0.0  # the time of the build under way
         self.cap: tuple[frozenset[str], np.ndarray] | None = None
         self._reset()
 
     def _reset(self) -> None:
         self.pairs: dict[PairKey, _Pair] = {}
-        self.by_link: dict[str, set[PairKey]] = {}  # link -> pairs with a known path over it
         self.members: dict[PairKey, dict[Hashable, None]] = {}  # pair -> its flows (ordered)
         self.seen: dict[Hashable, Flow] = {}  # every flow of the last build
         self.mark = (0, 0)  # the path map's log position at the last build
@@ -162,39 +196,31 @@ class Model:
         self.keys: list[Hashable] = []
         self.flows: list[Flow] = []
         self.cand: list[list[tuple[int, ...]]] = []  # candidate paths as arcs (the pair's)
-        self.paths: list[list[tuple[str, ...]]] = []
-        self.ports: list[list[list[int]]] = []
+        self.paths: list[tuple[Path, ...]] = []
+        self.ports: list[tuple[tuple[int, ...], ...]] = []
         self.current: list[int] = []
         self.dem: list[float] = []
         self.off: dict[Hashable, tuple[Flow, str]] = {}  # unplanned flows, with the reason
 
-    def _pair(self, key: PairKey, pathmap: PathMap, down: set[str], now: float) -> None:
-        old = self.pairs.pop(key, None)
-        if old is not None:
-            self._unindex(key, old)
-        known = pathmap.ports(*key, now)
-        links = frozenset(lk for p in known.values() for lk in p)
-        by_path: dict[tuple[str, ...], list[int]] = {}
-        for port, path in known.items():
-            if not down.intersection(path):
-                by_path.setdefault(path, []).append(port)
-        paths = sorted(by_path)
-        at = {p: k for k, p in enumerate(paths)}
-        pr = _Pair(pathmap.fresh_until(key), known, links, paths,
-                   [sorted(by_path[p]) for p in paths], [self.arcs.of_path(p) for p in paths],
-                   {port: at[path] for port, path in known.items() if path in at})
-        self.pairs[key] = pr
-        for lk in links:
-            self.by_link.setdefault(lk, set()).add(key)
-        self.until = min(self.until, pr.until)
-
-    def _unindex(self, key: PairKey, pr: _Pair) -> None:
-        for lk in pr.links:
-            s = self.by_link.get(lk)
-            if s is not None:
-                s.discard(key)
-                if not s:
-                    del self.by_link[lk]
+    def _pairs(self, keys: Iterable[PairKey], pathmap: PathMap, down: set[str],
+               now: float) -> None:
+        """Compute the candidates of `keys` again (the path map keeps each key's ports
+        grouped by path; every path's arcs in one vectorised pass)."""
+        todo: list[_Pair] = []
+        for key in keys:
+            groups, until = pathmap.by_path(key, now)
+            paths = tuple(p for p in groups if down.isdisjoint(p)) if down else tuple(groups)
+            pr = _Pair(until, bool(groups), paths,
+                       tuple(map(groups.__getitem__, paths)), [])
+            self.pairs[key] = pr
+            if pr.until < self.until:
+                self.until = pr.until
+            todo.append(pr)
+        arcs = self.arcs.of_paths([p for pr in todo for p in pr.paths])
+        i = 0
+        for pr in todo:
+            pr.arcs = arcs[i:i + len(pr.paths)]
+            i += len(pr.paths)
 
     def build(self, flows: Mapping[Any, Flow] | list[Flow], pathmap: PathMap,
               health: Health, now: float, changed: Collection[Hashable] | None = None) -> Built:
@@ -204,6 +230,7 @@ class Model:
         flow was added, replaced or removed since the last build (None: compared here)."""
         if not isinstance(flows, Mapping):
             flows = {fl.id: fl for fl in flows}
+        self.now = now
         if pathmap is not self.pathmap:
             self._reset()
             self.pathmap = pathmap
@@ -224,9 +251,7 @@ class Model:
                 del mates[k]
                 if not mates:
                     del self.members[old.key]
-                    pr = self.pairs.pop(old.key, None)
-                    if pr is not None:
-                        self._unindex(old.key, pr)
+                    self.pairs.pop(old.key, None)
             if fl is None:
                 seen.pop(k, None)
                 continue
@@ -240,8 +265,10 @@ class Model:
         self.mark = pathmap.mark()
         redo = set(self.pairs) if dirty is None else dirty.intersection(self.pairs)
         redo |= fresh
+        # the path map indexes its entries by link: a pair with no entry over the link has
+        # no path over it (an entry forgotten since is in the change log)
         for lk in health.down ^ self.down:
-            redo.update(self.by_link.get(lk, ()))
+            redo.update(key for key, _ in pathmap.by_link.get(lk, ()) if key in self.pairs)
         self.down = set(health.down)
         if now > self.until:
             self.until = float("inf")
@@ -250,8 +277,9 @@ class Model:
                     redo.add(key)
                 else:
                     self.until = min(self.until, pr.until)
-        for key in sorted(redo):
-            self._pair(key, pathmap, health.down, now)
+        keys = sorted(redo)
+        self._pairs(keys, pathmap, health.down, now)
+        for key in keys:
             todo.update(self.members[key])
         # flows below MICE of the largest are left alone: the floor comes from every flow's
         # new demand
@@ -293,8 +321,10 @@ class Model:
             else:
                 self.off[k] = (fl, why or "")
             return
-        self.off.pop(k, None)
-        cur = pr.index.get(fl.sport, -1) if fl.sport is not None else -1
+        if self.off:
+            self.off.pop(k, None)
+        path = self._path(fl)
+        cur = pr.paths.index(path) if path in pr.paths else -1
         if pos is None:
             self.at[k] = len(self.keys)
             self.keys.append(k)
@@ -307,6 +337,12 @@ class Model:
         else:
             self.flows[pos], self.current[pos], self.dem[pos] = fl, cur, fl.demand
             self.cand[pos], self.paths[pos], self.ports[pos] = pr.arcs, pr.paths, pr.ports
+
+    def _path(self, fl: Flow) -> tuple[str, ...] | None:
+        """The path the flow's own port takes, as the path map knows it at this build."""
+        if fl.sport is None or self.pathmap is None:
+            return None
+        return self.pathmap.path(fl.key, fl.sport, self.now)
 
     def _remove(self, pos: int) -> None:
         last = len(self.keys) - 1
@@ -322,13 +358,8 @@ class Model:
     def _built(self, pathmap: PathMap, health: Health, now: float) -> Built:
         arcs = self.arcs
         base = np.zeros(2 * len(arcs.ids))
-        for fl, why in self.off.values():
-            if why == "too small to move":
-                cur = pathmap.lookup(fl.src, fl.dst, fl.pclass, fl.sport, now) \
-                    if fl.sport is not None else None
-            else:
-                cur = self.pairs[fl.key].known.get(fl.sport) if fl.sport is not None else None
-            _base_load(self.topo, arcs, base, fl, cur)
+        for fl, _ in self.off.values():
+            _base_load(self.topo, arcs, base, fl, self._path(fl))
         inst = None
         if self.flows:
             suspect = frozenset(health.suspect)
