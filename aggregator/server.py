@@ -181,12 +181,11 @@ class Server:
             self.core.ingest.internal_error("reply", exc, self.clock())
 
     def _planner_frames(self, now: float) -> list[tuple[str, wire.Frame]]:
-        """C4P's probe and plan frames (call under the lock)."""
+        """C4P's probe and plan frames and C4D's measuring probes (call under the lock)."""
         planner = self.core.planner
-        if planner is None:
-            return []
-        return [(host, self.core.ingest.make_frame(kind, body, now))
-                for host, kind, body in planner.take_outbox()]
+        out = planner.take_outbox() if planner is not None else []
+        out += self.core.diagnosis.take_outbox()
+        return [(host, self.core.ingest.make_frame(kind, body, now)) for host, kind, body in out]
 
     def _send_to_hosts(self, frames: list[tuple[str, wire.Frame]]) -> None:
         for host, frame in frames:

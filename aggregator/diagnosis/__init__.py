@@ -69,9 +69,15 @@ class Diagnosis:
             self.model.paths = source
 
     def use_measurer(self, measurer: Measurer) -> None:
-        """Agents that measure the candidate links of a path finding (probes.py)."""
+        """What measures the candidate links of a path finding (probes.py): the agents by
+        default, the simulator in a replay of its run."""
         with self.lock:
             self.measuring.measurer = measurer
+
+    def take_outbox(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(host, kind, body) frames for the agents: measuring probes (call under the lock)."""
+        with self.lock:
+            return self.measuring.take_outbox()
 
     # -- inputs ---------------------------------------------------------------------------
     def observe(self, frame: Frame, now: float) -> None:
@@ -84,6 +90,8 @@ class Diagnosis:
                     self._event(frame.host, frame.body, now)
                 elif frame.kind == "hello":
                     self.model.on_hello(frame.host, frame.body)
+                elif frame.kind == "probe_result":
+                    self.measuring.on_result(frame.body, now)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 # Ingest validated the frame; a section we do not understand loses only itself.
                 self.errors[f"{frame.kind}:{type(exc).__name__}"] += 1

@@ -153,6 +153,87 @@ class Measurer(Protocol):
         """Legs measured since the last call."""
 
 
+ROCE_SPORTS = (0xC000, 0xFFFF)  # the source ports a leg's 5-tuple is picked from
+LEG_SPORTS = 32  # ports offered per leg: with S spines, one reaches the wanted one but for
+# (1 - 1/S)^32 of the time (S = 8: 1.4 %)
+OUTBOX_MAX = 256  # requests not taken by a sender (a replay has none) are dropped, oldest first
+ANSWER_S = 30.0  # a request unanswered this long is forgotten
+
+
+class AgentMeasurer:
+    """Measures legs with the agents (`probe` with `measure`, agent/probe.py): the request goes
+    to the leg's source host through the server's outbox (`take_outbox`), the agent's
+    `probe_result` comes back through Diagnosis.observe (`on_result`)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topo = topology
+        self.outbox: deque[tuple[str, str, dict[str, Any]]] = deque(maxlen=OUTBOX_MAX)
+        self.pending: dict[str, tuple[float, Leg]] = {}
+        self.done: list[tuple[Leg, LegResult]] = []
+        self.seq = 0
+
+    def measure(self, leg: Leg, count: int, now: float) -> bool:
+        host, _, dev = leg.src.partition("/")
+        src, dst = self._addr(leg.src), self._addr(leg.dst)
+        via = self._via(leg)
+        if src is None or dst is None or (leg.ttl >= 2 and not via):
+            return False  # without the spine's addresses a port on another spine would do
+        self.seq += 1
+        pid = f"measure-{int(now * 1000)}-{self.seq}"
+        lo, hi = ROCE_SPORTS
+        step = (hi - lo) // LEG_SPORTS
+        base = lo + (self.seq * 7919) % step  # a different port set every round
+        probe: dict[str, Any] = {
+            "id": "leg", "proto": "roce", "dst": dst, "src": src, "dev": dev,
+            "sports": [base + i * step for i in range(LEG_SPORTS)],
+            "measure": {"count": count, "ttl": leg.ttl, **({"via": via} if via else {})}}
+        self.outbox.append((host, "probe", {"probe_id": pid, "probes": [probe],
+                                            "reason": "C4D: which candidate link of a path"}))
+        self.pending[pid] = (now, leg)
+        for old in [k for k, (t, _) in self.pending.items() if now - t > ANSWER_S]:
+            del self.pending[old]
+        return True
+
+    def on_result(self, body: dict[str, Any], now: float) -> None:
+        got = self.pending.pop(body.get("probe_id", ""), None)
+        if got is None:
+            return  # C4P's trace, or an answer given up on
+        for r in body["results"]:
+            rtt = r.get("rtt_us") or []
+            self.done.append((got[1], LegResult(
+                r.get("sent", 0), r.get("answered", 0),
+                rtt[0] / 1000 if rtt else None, rtt[1] / 1000 if len(rtt) > 1 else None,
+                r.get("error"))))
+
+    def results(self, now: float) -> list[tuple[Leg, LegResult]]:
+        out, self.done = self.done, []
+        return out
+
+    def take_outbox(self) -> list[tuple[str, str, dict[str, Any]]]:
+        out = list(self.outbox)
+        self.outbox.clear()
+        return out
+
+    def _addr(self, ep: str) -> str | None:
+        host, _, dev = ep.partition("/")
+        h = self.topo.hosts.get(host)
+        nic = h.nic(dev) if h else None
+        return nic.addr if nic else None
+
+    def _via(self, leg: Leg) -> list[str]:
+        """Addresses the switch may answer from: its interface on the leg's link (routers
+        answer from the inbound interface), then its loopbacks."""
+        host, _, dev = leg.src.partition("/")
+        nic = self.topo.hosts[host].nic(dev) if host in self.topo.hosts else None
+        if nic is None:
+            return []
+        link = self.topo.links.get(fabric_link_id(nic.leaf, leg.via) if leg.ttl >= 2 else
+                                   access_link_id(host, nic.name, nic.leaf))
+        sw = self.topo.switches.get(leg.via)
+        out = [link.addrs[leg.via]] if link is not None and leg.via in link.addrs else []
+        return list(dict.fromkeys(out + (sw.addrs if sw else [])))[:16]
+
+
 def leg_links(topo: Topology, leg: Leg) -> frozenset[str]:
     """Directed components (localise.directed) and the NIC a leg's datagrams and answers
     cross."""
@@ -210,9 +291,21 @@ class Measuring:
 
     def __init__(self, model: Model) -> None:
         self.model = model
-        self.measurer: Measurer | None = None
+        # the agents, where there is a topology to pick legs from (a replay: what
+        # replay(measurer=) gives, else nothing answers)
+        self.measurer: Measurer | None = \
+            AgentMeasurer(model.topology) if model.topology is not None else None
         self.legs: dict[Leg, _Rounds] = {}
         self.requested = 0
+
+    def on_result(self, body: dict[str, Any], now: float) -> None:
+        """An agent's `probe_result`: a measured leg, or C4P's trace (not ours)."""
+        if isinstance(self.measurer, AgentMeasurer):
+            self.measurer.on_result(body, now)
+
+    def take_outbox(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(host, kind, body) frames for the agents."""
+        return self.measurer.take_outbox() if isinstance(self.measurer, AgentMeasurer) else []
 
     def collect(self, now: float) -> None:
         if self.measurer is None:

@@ -1,11 +1,14 @@
 """The agent's measuring probe (agent/probe.py `Prober.measure`, a `probe` with `measure`): real
 UDP sockets with IP_TTL and IP_RECVERR on loopback, where the destination itself answers
-(port unreachable) as the hop at TTL 1; a router answers time-exceeded the same way."""
+(port unreachable) as the hop at the TTL; a router answers time-exceeded the same way
+(tests/root/test_measure_probe.py). And the aggregator's request and result around it."""
 from __future__ import annotations
 
 import socket
 
 from c4.agent.probe import Prober, run_probe
+from c4.aggregator.diagnosis.probes import AgentMeasurer, Leg
+from c4.core.topology import Topology
 from c4.core.wire.kinds import validate_body
 
 
@@ -54,3 +57,43 @@ def test_only_the_expected_hop_counts():
         "127.0.0.1", [free_port()], ttl=1, count=5, dport=closed, src="127.0.0.1",
         via=("10.255.0.1",))
     assert m.sent == 0 and m.error is not None
+
+
+def loopback_fabric() -> Topology:
+    """node000 under leaf00, node001 under leaf01, one spine; every address is loopback, so
+    the 'hop at TTL 2' that answers is the destination itself, from the spine's address."""
+    topo = Topology.leaf_spine(2, 1, 2, 1)
+    for h in topo.hosts.values():
+        h.nics[0].addr = "127.0.0.1"
+    topo.switches["spine00"].addrs = ["127.0.0.1"]
+    return topo
+
+
+def test_aggregator_request_round_trip():
+    """C4D's side (aggregator/diagnosis/probes.py AgentMeasurer) asks the leg's source host,
+    the agent measures with real sockets, its probe_result comes back as the leg's result."""
+    m = AgentMeasurer(loopback_fabric())
+    leg = Leg("node000/mlx5_0", "node001/mlx5_0", 2, "spine00")
+    assert m.measure(leg, 30, 100.0)
+    [(host, kind, body)] = m.take_outbox()
+    assert (host, kind) == ("node000", "probe")
+    probe = validate_body("probe", body)["probes"][0]
+    assert probe["measure"] == {"count": 30, "ttl": 2, "via": ["127.0.0.1"]}
+    assert len(set(probe["sports"])) == 32 and min(probe["sports"]) >= 0xC000
+    out = validate_body("probe_result", run_probe(Prober(rate=2000.0, burst=50.0), body))
+    m.on_result(out, 101.0)
+    [(got, res)] = m.results(101.0)
+    assert got == leg and (res.sent, res.answered, res.error) == (30, 30, None)
+    assert res.rtt_p90_ms is not None and res.rtt_p90_ms > 0
+    m.on_result(out, 102.0)  # answered once: a repeat is no second round
+    assert m.results(102.0) == []
+
+
+def test_no_request_without_the_spines_address():
+    """Without an address to recognise the spine by, a port hashed onto another spine would
+    be measured as if it crossed the candidate: nothing is asked."""
+    topo = loopback_fabric()
+    topo.switches["spine00"].addrs = []
+    m = AgentMeasurer(topo)
+    assert not m.measure(Leg("node000/mlx5_0", "node001/mlx5_0", 2, "spine00"), 30, 100.0)
+    assert m.take_outbox() == []
