@@ -296,7 +296,6 @@ class Measuring:
         self.measurer: Measurer | None = \
             AgentMeasurer(model.topology) if model.topology is not None else None
         self.legs: dict[Leg, _Rounds] = {}
-        self.requested = 0
 
     def on_result(self, body: dict[str, Any], now: float) -> None:
         """An agent's `probe_result`: a measured leg, or C4P's trace (not ours)."""
@@ -339,7 +338,6 @@ class Measuring:
             if now - st.asked >= (3 * ROUND_S if st.pending else ROUND_S):
                 st.asked = now
                 st.pending = self.measurer.measure(leg, MEASURE_COUNT, now)
-                self.requested += st.pending
         crossed = {leg: leg_links(topo, leg) for leg in legs}
         verdict = self._verdict(cands, crossed)
         if verdict is None:
@@ -364,7 +362,7 @@ class Measuring:
         """One leg per candidate: from the path's end NIC (else any NIC) under the candidate's
         leaf, stopping at its spine (fabric) or leaf (access cable); legs crossing every
         candidate separate nothing."""
-        ends = [e for e in path.split("->")]
+        ends = path.split("->")
         legs: list[Leg] = []
         for cable in cands:
             lk = topo.links[cable]
