@@ -11,7 +11,7 @@ class PlanningConfig:
     enabled: bool = field(True, "learn paths and propose plans (needs `topology`)")
     auto_apply: bool = field(
         False, "push plans to the agents without `c4 plan apply` (re-plans after link "
-        "incidents and periodic plans whose gain is at least `min_gain`)")
+        "incidents, and periodic plans whose gain beats the demands' noise plus `min_gain`)")
     replan_on_incident: bool = field(
         True, "re-plan when a C4D incident names a fabric link or NIC (down: never used; slow "
         "or lossy: capacity scaled by `suspect_factor`), moving only what the change needs")
@@ -23,7 +23,12 @@ class PlanningConfig:
         "when it ends, if it still holds")
     min_gain: float = field(
         0.05, "a periodic plan is applied automatically only when it lowers the busiest "
-        "link's utilisation by at least this fraction")
+        "link's utilisation by at least this fraction of it, on top of what the noise in the "
+        "measured demands could explain (`c4 plan --json`: `noise_margin`)")
+    demand_window: int = field(
+        5, "reports a flow's demand is taken over: the largest of its last this many "
+        "measured rates (a connection's first one left out); a flow with fewer counts as "
+        "noise only, so new flows alone never get a periodic plan applied")
     suspect_factor: float = field(
         0.5, "capacity kept by a link an open slow/lossy incident names (0..1): load leaves it "
         "first")
@@ -60,6 +65,8 @@ class PlanningConfig:
                               "path_ttl_s, probe_sports_per_s: must be > 0")
         if self.probe_host_interval_s < 0 or self.settle_s < 0:
             raise ConfigError(f"{where}probe_host_interval_s, settle_s: must be >= 0")
+        if not 1 <= self.demand_window <= 100:
+            raise ConfigError(f"{where}demand_window: must be 1..100 reports")
         if not 0.0 <= self.min_gain < 1.0:
             raise ConfigError(f"{where}min_gain: must be in [0, 1)")
         if not 0.0 <= self.suspect_confidence <= 1.0:

@@ -7,15 +7,20 @@ lock.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
+import math
 import random
 import sqlite3
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import numpy as np
 
 from c4.core.topology import Topology, endpoint
 from c4.core.wire import Frame
@@ -33,6 +38,35 @@ FLOW_TTL_S = 60.0  # a flow no report mentioned for this long is gone
 PORTS_S = 0.005  # of a re-plan's budget, kept for choosing ports and publishing
 
 
+class Demand:
+    """A flow's demand from the rates its reports measured: the largest of the last `window`
+    (a reconnect's or a plan's stall lowers a rate, not the demand), leaving out a flow's
+    first rate once there is another (a new connection's ramp-up). `noise` is what the
+    measurement cannot tell apart: twice the standard error of the window's mean, and the
+    whole demand while fewer than `window` rates back it (a young flow)."""
+
+    __slots__ = ("rates", "seen")
+
+    def __init__(self, window: int) -> None:
+        self.rates: deque[float] = deque(maxlen=window)
+        self.seen = 0
+
+    def add(self, rate: float) -> float:
+        self.seen += 1
+        if self.seen == 2:
+            self.rates.clear()
+        self.rates.append(rate)
+        return max(self.rates)
+
+    def noise(self) -> float:
+        n = len(self.rates)
+        if n < (self.rates.maxlen or 1) or n < 2:
+            return max(self.rates)
+        mean = sum(self.rates) / n
+        var = sum((x - mean) ** 2 for x in self.rates) / (n - 1)
+        return 2.0 * math.sqrt(var / n)
+
+
 @dataclass
 class Proposal:
     built: Built
@@ -43,6 +77,16 @@ class Proposal:
     reason: str
     seq: int = 0  # the order proposals were prepared in
     replan: bool = False
+    # of the gain in max utilisation, what the noise in the measured demands could explain
+    # (periodic proposals with every current path known)
+    margin: float | None = None
+
+    def gain_needed(self, min_gain: float) -> float | None:
+        """What a periodic plan must lower the max utilisation by to be applied on its
+        own: the noise margin plus `min_gain` of the current maximum."""
+        if self.current_util is None or self.margin is None:
+            return None
+        return self.margin + min_gain * self.current_util
 
 
 @dataclass
@@ -56,6 +100,7 @@ class Job:
     seq: int
     t0: float  # perf_counter when prepared: a re-plan's budget counts from it
     target: float  # the utilisation a re-plan restores
+    noise: np.ndarray | None = None  # per planned flow: Demand.noise (full plans)
 
 
 @dataclass
@@ -90,6 +135,7 @@ class Planner:
         self.pathmap = PathMap(cfg.path_ttl_s)
         self.health = Health()
         self.flows: dict[str, dict[str, Flow]] = {}  # host -> flow id -> flow
+        self.demand: dict[tuple[str, str], Demand] = {}  # (host, flow id) -> measured rates
         # what the model is handed: (host, flow id) -> the flow with the port in effect, and
         # the keys changed since the last build (every change to `flows` or `in_effect`)
         self.live: dict[tuple[str, str], Flow] = {}
@@ -161,8 +207,13 @@ class Planner:
             return
         flows = self.flows.setdefault(host, {})
         rdma = body.get("rdma") or {}
-        tx = {(p["dev"], p["port"]): p.get("rates", {}).get("port_xmit_bytes")
-              for p in rdma.get("ports", [])}
+        # each port's transmit rate, smoothed over the last reports (Demand)
+        tx: dict[tuple[str, int], float] = {}
+        for pt in rdma.get("ports", []):
+            rate = pt.get("rates", {}).get("port_xmit_bytes")
+            if rate is not None:
+                tx[(pt["dev"], pt["port"])] = self._measured(
+                    (host, f"port:{pt['dev']}:{pt['port']}"), float(rate))
         vq = body.get("verbs_qp")
         if vq is not None:
             # the uprobe sees no device: the kernel's QP list (same lqpn and pid) names it,
@@ -189,10 +240,12 @@ class Planner:
                     continue
                 rate = tx.get((dev, q["port"]))
                 # the port's transmit rate split over its connected QPs; 1 when unmeasured
-                demand = rate / per_port[(dev, q["port"])] if rate else 1.0
+                share = per_port[(dev, q["port"])]
+                demand = rate / share if rate else 1.0
                 flows[fid] = Flow(fid, host, endpoint(host, dev), dst, "roce", q["sport"],
                                   demand, meta={"dev": dev, "lqpn": q["lqpn"],
-                                                "rqpn": q["rqpn"], "pid": q["pid"], "seen": now})
+                                                "rqpn": q["rqpn"], "pid": q["pid"], "seen": now,
+                                                "rate_of": (f"port:{dev}:{q['port']}", share)})
         tcp = body.get("tcp_flows")
         if tcp is not None:
             if tcp.get("refresh"):
@@ -205,18 +258,33 @@ class Planner:
                 flows.pop(fid, None)
                 self.touched.add((host, fid))
                 if f["closed"] or f["state"] != "ESTABLISHED":
+                    self.demand.pop((host, fid), None)  # a reconnect on this 4-tuple is new
                     continue
                 src, dst = self.addrs.get(_bare(f["saddr"])), self.addrs.get(_bare(f["daddr"]))
                 if src is None or dst is None or src.partition("/")[0] != host or \
                         dst.partition("/")[0] == host:
                     continue
-                flows[fid] = Flow(fid, host, src, dst, "tcp", f["sport"],
-                                  max(float(f["bytes_acked_rate"]), 1.0), f["dport"],
+                rate = self._measured((host, fid), max(float(f["bytes_acked_rate"]), 1.0))
+                flows[fid] = Flow(fid, host, src, dst, "tcp", f["sport"], rate, f["dport"],
                                   f.get("job"), meta={"pid": f["pid"], "src": _bare(f["saddr"]),
                                                       "dst": _bare(f["daddr"]), "seen": now})
         for fid in [k for k, f in flows.items() if now - f.meta["seen"] > FLOW_TTL_S]:
             del flows[fid]
             self.touched.add((host, fid))
+
+    def _measured(self, key: tuple[str, str], rate: float) -> float:
+        d = self.demand.get(key)
+        if d is None:
+            d = self.demand[key] = Demand(self.cfg.demand_window)
+        return d.add(rate)
+
+    def _noise(self, key: tuple[str, str], fl: Flow) -> float:
+        """Demand.noise of a planned flow (a QP's share of its port's)."""
+        rate_of = fl.meta.get("rate_of")
+        d = self.demand.get((fl.host, rate_of[0]) if rate_of else key)
+        if d is None:
+            return fl.demand
+        return d.noise() / rate_of[1] if rate_of else d.noise()
 
     def _probe_result(self, host: str, body: dict[str, Any], now: float) -> None:
         asked = self.pending.pop(body["probe_id"], {})
@@ -259,9 +327,11 @@ class Planner:
         if not self.react(now) and now >= self.next_plan:
             self.next_plan = now + self.cfg.interval_s
             p = self.propose(now, "periodic")
-            if self.cfg.auto_apply and p is not None and p.current_util and \
-                    not self._settling(now) and \
-                    p.result.max_util <= p.current_util * (1 - self.cfg.min_gain):
+            need = p.gain_needed(self.cfg.min_gain) if p is not None else None
+            # applied on its own only when the measured demands cannot explain the gain
+            if self.cfg.auto_apply and p is not None and need is not None and \
+                    p.current_util and p.result.moved and not self._settling(now) and \
+                    p.current_util - p.result.max_util >= need:
                 self.apply(now)
         self.pathmap.expire(now)
         self._probe(now)
@@ -293,6 +363,8 @@ class Planner:
 
     def host_silent(self, host: str, last_seen: float, now: float) -> None:
         self.touched.update((host, fid) for fid in self.flows.pop(host, {}))
+        for key in [k for k in self.demand if k[0] == host]:
+            del self.demand[key]
 
     def host_back(self, host: str, now: float) -> None:
         pass
@@ -433,6 +505,7 @@ class Planner:
             fl = self.flows.get(host, {}).get(fid)
             if fl is None:
                 self.live.pop(key, None)
+                self.demand.pop(key, None)
                 continue
             port = self.in_effect.get(key)
             if port is not None and port != fl.sport and fl.proto == "roce":
@@ -461,7 +534,10 @@ class Planner:
         if b.inst is None:
             self.proposal = None
             return None
-        return Job(b, now, reason, replan, self.seq, t0, self.planned_util)
+        noise = None if replan else np.fromiter(
+            (self._noise(k, fl) for k, fl in zip(b.keys, b.flows)),  # type: ignore[arg-type]
+            dtype=np.float64, count=len(b.flows))
+        return Job(b, now, reason, replan, self.seq, t0, self.planned_util, noise)
 
     def solve(self, job: Job) -> Proposal:
         """A proposal for `job`. Reads nothing the aggregator's lock guards (the input is
@@ -479,8 +555,10 @@ class Planner:
                 r = self.engine.replan(b.inst, b.current, left - PORTS_S, job.target)
             else:
                 r = self.engine.plan(b.inst, b.current, self.cfg.budget_s)
+        margin = _noise_margin(b, (b.current, r.assign), job.noise) \
+            if complete and job.noise is not None else None
         return Proposal(b, r, choose_ports(b, r.assign, r.moved), current_util, job.now,
-                        job.reason, job.seq, job.replan)
+                        job.reason, job.seq, job.replan, margin)
 
     def publish(self, p: Proposal) -> Proposal:
         """`p` becomes the proposal unless one prepared later was published first (a
@@ -565,6 +643,7 @@ class Planner:
         if p is None:
             return out
         b, r = p.built, p.result
+        need = p.gain_needed(self.cfg.min_gain)
         reasons: dict[str, int] = {}
         for _, why in b.unplanned:
             reasons[why] = reasons.get(why, 0) + 1
@@ -591,6 +670,8 @@ class Planner:
             "unplanned": len(b.unplanned), "unplanned_reasons": reasons,
             "current_max_util": None if p.current_util is None else round(p.current_util, 4),
             "proposed_max_util": round(r.max_util, 4), "moved": len(r.moved),
+            "noise_margin": None if p.margin is None else round(p.margin, 4),
+            "auto_gain_needed": None if need is None else round(need, 4),
             "plan_ms": round(r.seconds * 1e3, 2), "links": rows, "moves": mv}
         return out
 
@@ -605,6 +686,20 @@ class Planner:
                 "applied": sum(1 for r in ap.results.values() if r["ok"]),
                 "failed": failed,
                 "waiting": sorted(i for i in ap.assignments if i not in ap.results)[:100]}
+
+
+def _noise_margin(b: Built, assigns: tuple[list[int], ...], noise: np.ndarray) -> float:
+    """For each placement, the noise of the flows on its busiest link (independent: the
+    root of the sum of squares) over the link's capacity; summed. A gain in max
+    utilisation below it may be the measurement's, not the placement's."""
+    inst = b.inst
+    assert inst is not None
+    var = dataclasses.replace(inst, demand=noise ** 2, base=np.zeros(0))
+    out = 0.0
+    for assign in assigns:
+        a = int(np.argmax(solver.loads(inst, assign) / inst.cap))
+        out += math.sqrt(float(solver.loads(var, assign)[a])) / float(inst.cap[a])
+    return out
 
 
 def _arc_util(b: Built, assign: list[int]) -> dict[int, float]:

@@ -39,14 +39,15 @@ def hello(host: str, ip: str) -> dict:
             "netdevs": [{"name": "eth0", "addrs": [f"{ip}/24"]}]}
 
 
-def tcp_report(src_ip: str, dst_ip: str, sports: list[int]) -> dict:
+def tcp_report(src_ip: str, dst_ip: str, sports: list[int],
+               rates: list[float] | None = None) -> dict:
     flows = []
-    for sp in sports:
+    for sp, rate in zip(sports, rates or [5e9] * len(sports)):
         flows.append({"saddr": src_ip, "daddr": dst_ip, "sport": sp, "dport": 29500,
                       "family": "ipv4", "netns": 1, "pid": 42, "comm": "python",
                       "state": "ESTABLISHED", "bytes_acked": 10, "bytes_received": 0,
                       "retrans_segs": 0, "bytes_acked_delta": 10, "bytes_received_delta": 0,
-                      "retrans_segs_delta": 0, "bytes_acked_rate": 5e9,
+                      "retrans_segs_delta": 0, "bytes_acked_rate": rate,
                       "bytes_received_rate": 0.0, "srtt_us": 10, "cwnd": 10, "closed": False})
     return {"interval": 1.0, "health": {}, "tcp_flows": {
         "flows": flows, "omitted": 0, "tracked": len(flows), "map_full": 0, "drops": {},
@@ -74,13 +75,28 @@ def planner(incidents=None, **cfg) -> tuple[Planner, Topology]:
     return p, t
 
 
-def colliding(p: Planner, t: Topology) -> list[int]:
-    """Two connections node000 -> node002 whose ports hash onto the same spine."""
-    same = [sp for sp in range(40000, 41000)
+def on_spine(t: Topology, spine: str, n: int) -> list[int]:
+    """`n` ports whose connection node000 -> node002 the fabric hashes onto `spine`."""
+    return [sp for sp in range(40000, 41000)
             if t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500)[1] ==
-            "leaf000-spine00"][:2]
-    p.observe(frame("report", "node000", tcp_report("10.0.0.1", "10.0.0.3", same)), 1.0)
+            f"leaf000-{spine}"][:n]
+
+
+def colliding(p: Planner, t: Topology, reports: int = 1) -> list[int]:
+    """Two connections node000 -> node002 whose ports hash onto the same spine, reported
+    `reports` times (0.2 s apart, the last at 1.0)."""
+    same = on_spine(t, "spine00", 2)
+    for i in range(reports):
+        p.observe(frame("report", "node000", tcp_report("10.0.0.1", "10.0.0.3", same)),
+                  1.0 - 0.2 * (reports - 1 - i))
     return same
+
+
+def know_paths(p: Planner, t: Topology, sports: list[int], now: float = 1.0) -> None:
+    """16 probed ports and the connections' own, as probes would have learned them."""
+    for sp in list(range(41000, 41016)) + sports:
+        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
+                        t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), now)
 
 
 def answer_probes(p: Planner, t: Topology, now: float) -> int:
@@ -213,10 +229,7 @@ def test_the_stall_of_an_applied_plan_does_not_trigger_the_next_one():
     # connections' links slow, and the re-plan moved them again (39 plans in 9 minutes)
     incidents: list[dict] = []
     p, t = planner(lambda: incidents, auto_apply=True, interval_s=10.0, settle_s=30.0)
-    same = colliding(p, t)
-    for sp in list(range(41000, 41016)) + same:
-        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
-                        t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 1.0)
+    know_paths(p, t, colliding(p, t, reports=6))  # measured long enough to be planned
     p.tick(1.0)
     [first] = [b for _, k, b in p.take_outbox() if k == "plan"]
     [moved] = first["assignments"]
