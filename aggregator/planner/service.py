@@ -374,12 +374,9 @@ class Planner:
         down: set[str] = set()
         suspect: dict[str, str] = {}
         for inc in self.incidents():
-            if inc.get("state") == "resolved" or not inc.get("suspects"):
+            if inc.get("state") == "resolved" or not self._localised(inc):
                 continue
-            top = inc["suspects"][0]
-            if top.get("confidence", 0.0) < self.cfg.suspect_confidence:
-                continue
-            links = self._links_of(top)
+            links = self._links_of(inc["suspects"][0])
             if inc["class"] in LINK_DOWN:
                 down.update(links)
             elif inc["class"] in ("comm_slow", "comm_hang"):
@@ -392,6 +389,19 @@ class Planner:
             self.asked.clear()  # flows that lost their known ports are probed again at once
         self.health = Health(down, suspect)
         return changed
+
+    def _localised(self, inc: dict[str, Any]) -> bool:
+        """Whether C4D named one link or NIC: the top suspect is one, at
+        `suspect_confidence` or more, and no other component explains the evidence as well.
+        A path finding (its connections cross several candidates alike: a `path` suspect
+        first, or candidates tied) says nothing about a link until probes single one out."""
+        sus = inc.get("suspects") or []
+        if not sus or sus[0].get("kind") not in ("link", "nic"):
+            return False
+        conf = sus[0].get("confidence", 0.0)
+        return conf >= self.cfg.suspect_confidence and not any(
+            s.get("confidence", 0.0) >= conf and s.get("id") != sus[0].get("id")
+            for s in sus[1:])
 
     def _links_of(self, suspect: dict[str, Any]) -> list[str]:
         if suspect.get("kind") == "link" and suspect.get("id") in self.topo.links:

@@ -99,3 +99,32 @@ def test_a_reconnected_connection_starts_its_estimate_again():
     body["tcp_flows"]["flows"][0].update(closed=True, state="CLOSE")
     p.observe(frame("report", "node000", body), 2.0)
     assert key not in p.demand
+
+
+def _health_after(incident: dict) -> tuple[set[str], dict[str, str], int]:
+    p, t = planner(lambda: [incident], auto_apply=True)
+    know_paths(p, t, colliding(p, t, reports=6))
+    p.tick(1.0)
+    return p.health.down, p.health.suspect, p.stats["replans"]
+
+
+SLOW = {"id": 9, "class": "comm_slow", "state": "open"}
+
+
+def test_only_a_link_c4d_localised_changes_link_health_and_replans():
+    named = [{"kind": "link", "id": "leaf000-spine00", "confidence": 0.8},
+             {"kind": "nic", "id": "node000/mlx5_0", "confidence": 0.1}]
+    assert _health_after({**SLOW, "suspects": named}) == \
+        (set(), {"leaf000-spine00": "incident 9: comm_slow"}, 1)
+    down = {**SLOW, "class": "hw_link_flap",
+            "suspects": [{"kind": "nic", "id": "node002/mlx5_0", "confidence": 0.9}]}
+    assert _health_after(down)[0] == {"node002/mlx5_0-leaf001"}
+    # a path finding: the connections cross several candidates alike, C4D names the path
+    # first (localise.name) or leaves the candidates tied; nothing is known about one link
+    path = [{"kind": "path", "id": "node000/mlx5_0->node002/mlx5_0", "confidence": 0.8},
+            {"kind": "link", "id": "leaf000-spine00", "confidence": 0.8},
+            {"kind": "link", "id": "leaf000-spine01", "confidence": 0.8}]
+    assert _health_after({**SLOW, "suspects": path}) == (set(), {}, 0)
+    assert _health_after({**SLOW, "suspects": path[1:]}) == (set(), {}, 0)
+    host = [{"kind": "host", "id": "node002", "confidence": 0.9}]
+    assert _health_after({**SLOW, "suspects": host}) == (set(), {}, 0)
