@@ -1274,7 +1274,7 @@ def _poisson(rng: random.Random, lam: float) -> int:
 
 
 # Measuring probes (aggregator/diagnosis/probes.py): what an agent's datagrams see.
-PROBE_PPS = 200.0  # the agent's measuring rate (agent/probe.py)
+PROBE_PPS = 200.0  # a round's datagrams per second (the agent may send up to 500/s)
 PROBE_HOP_MS = 0.1  # per hop one way; the answering router's ICMP generation adds jitter
 PROBE_JITTER = 0.3  # lognormal sigma of a probe's RTT (a switch CPU answers, not its ASIC)
 BURST_PROBE_LOSS = 1e-3  # another tenant's burst drops best-effort datagrams, per unit of (x-1)

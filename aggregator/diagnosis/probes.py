@@ -106,8 +106,8 @@ class Prober:
 
 
 # -- measuring probes ---------------------------------------------------------------------
-# datagrams per leg and round: 2 s at 200/s, ~100/s per leg on average, well inside what the
-# agent's token bucket (500/s) and a switch's ICMP policer allow
+# datagrams per leg and round: ~100/s per leg on average, inside what the agent's token
+# bucket (500/s, all its probes) and a switch's ICMP policer allow
 MEASURE_COUNT = 400
 ROUND_S = 4.0  # a leg is measured again at most this often while its path finding lasts
 WINDOW_S = 60.0  # rounds older than this no longer vote

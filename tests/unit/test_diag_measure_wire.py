@@ -1,0 +1,60 @@
+"""Measuring probes as a live aggregator runs them: diagnosis asks the agents (its outbox, sent
+by the server with C4P's frames) and reads their `probe_result` frames. The agents' answers
+here are what the agent sends (tests/unit/test_agent_measure.py makes them with real sockets):
+node001's leg loses a few datagrams every round, node000's none."""
+from __future__ import annotations
+
+from c4.aggregator.config import AggregatorConfig
+from c4.aggregator.diagnosis.findings import Finding, Suspect
+from c4.aggregator.server import build_core
+from c4.core.topology import Topology
+from c4.core.wire import Frame
+from c4.core.wire.kinds import validate_body
+
+
+def fabric() -> Topology:
+    topo = Topology.leaf_spine(2, 1, 2, 1)  # node000 under leaf00, node001 under leaf01
+    for i, h in enumerate(topo.hosts.values()):
+        h.nics[0].addr = f"10.0.{i}.1"
+    topo.switches["spine00"].addrs = ["10.9.0.1"]
+    return topo
+
+
+def path_finding() -> Finding:
+    """What the loss detector says of a ring's lone host pair (localise.name)."""
+    return Finding(
+        "comm_slow", "job", "c1",
+        [Suspect("path", "node000->node001", None, None, 0.49),
+         Suspect("link", "leaf00-spine00", None, None, 0.49),
+         Suspect("link", "leaf01-spine00", None, None, 0.01)],
+        "loss on one path", {"candidate_links": {
+            "leaf00-spine00": "towards spine00 (the only direction with traffic)",
+            "leaf01-spine00": "towards leaf01 (the only direction with traffic)"}}, 90.0)
+
+
+def test_probe_frames_out_and_results_in_name_the_link():
+    core = build_core(AggregatorConfig(), db_path=":memory:", topology=fabric())
+    diag = core.diagnosis
+    asked: dict[str, int] = {}
+    seq = 0
+    f = path_finding()
+    for t in range(100, 140):
+        diag.tick(float(t))
+        f = diag.measuring.resolve(path_finding(), float(t))
+        for host, kind, body in diag.take_outbox():
+            assert kind == "probe"
+            [p] = validate_body("probe", body)["probes"]
+            assert p["measure"]["ttl"] == 2 and p["measure"]["via"] == ["10.9.0.1"]
+            asked[host] = asked.get(host, 0) + 1
+            lost = 2 if host == "node001" else 0
+            seq += 1
+            result = validate_body("probe_result", {"probe_id": body["probe_id"], "results": [{
+                "id": p["id"], "sport": p["sports"][0], "hops": [None, "10.9.0.1"],
+                "reached": False, "sent": p["measure"]["count"],
+                "answered": p["measure"]["count"] - lost, "rtt_us": [300, 500, 900]}]})
+            diag.observe(Frame("probe_result", host, "b1", seq, float(t), result), t + 0.5)
+    assert asked and set(asked) == {"node000", "node001"}
+    assert max(asked.values()) <= 40 / 4 + 1  # one round per leg every 4 s
+    assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf01-spine00")
+    assert f.top.confidence >= 0.8
+    assert f.evidence["direction"] == "towards leaf01"
