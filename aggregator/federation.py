@@ -401,7 +401,8 @@ class Federation:
             head = msgpack.unpackb(parts[1].bytes, raw=False, max_str_len=256, max_map_len=8,
                                    max_array_len=0, max_bin_len=0, max_ext_len=0)
             sender, boot, fseq, floor = head["from"], head["boot"], head["fseq"], head["floor"]
-            if not (isinstance(sender, str) and isinstance(fseq, int) and isinstance(floor, int)
+            # type(x) is int: a boolean is no sequence number (it passed isinstance and 1 <= True)
+            if not (isinstance(sender, str) and type(fseq) is int and type(floor) is int
                     and 0 < floor <= fseq < 1 << 62 and len(head) == 4):
                 raise ValueError("header fields")
             IDENT.check(boot)

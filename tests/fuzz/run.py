@@ -3,6 +3,7 @@
     python -m tests.fuzz.run                       # every target, 60 s each, summary table
     python -m tests.fuzz.run --seconds 300 wire    # one target, longer
     python -m tests.fuzz.run --seed                # rebuild tests/fuzz/corpus from fixtures
+    python -m tests.fuzz.run --seed federation     # only that target's
 
 Each target runs in its own process (libFuzzer owns the process). The kept corpus in
 tests/fuzz/corpus/<target>/ is read, never written: inputs found in a run go to a temporary
@@ -17,6 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from .targets import TARGETS
 
@@ -65,21 +67,23 @@ def _child(target: str, argv: list[str]) -> None:
     atheris.Fuzz()
 
 
-def seed() -> None:
+def seed(only: list[str]) -> None:
     """The kept corpus, from the golden fixtures (tests/fixtures) and the hostile shapes the
-    unit tests use: a starting point the fuzzer mutates, not a list of known bugs."""
+    unit tests use: a starting point the fuzzer mutates, not a list of known bugs. `only`:
+    these targets' (default: all)."""
+    import msgpack
+
     from c4.core import record
 
     from tests import plugin_dgram as dg
 
-    from .targets import join
+    from . import targets
 
     fixtures = REPO / "tests" / "fixtures"
     frames = list(record.read(fixtures / "wire" / "agent.c4rec"))
     kinds_seen: dict[str, int] = {}
     picked = []
     for f in frames:  # a few of each kind, small ones first
-        import msgpack
         k = msgpack.unpackb(f).get("kind", "?")
         if kinds_seen.get(k, 0) < 4:
             kinds_seen[k] = kinds_seen.get(k, 0) + 1
@@ -91,9 +95,13 @@ def seed() -> None:
     sets = {
         "wire": picked, "ingest": picked,
         "plugin": dgrams,
-        "nccl": [join(dgrams[i:i + 3]) for i in range(0, len(dgrams), 2)] + [join(dgrams)],
+        "nccl": [targets.join(dgrams[i:i + 3]) for i in range(0, len(dgrams), 2)]
+        + [targets.join(dgrams)],
+        "federation": _federation_seeds(targets.forwards, targets.frames(), msgpack.packb),
     }
     for target, items in sets.items():
+        if only and target not in only:
+            continue
         d = CORPUS / target
         d.mkdir(parents=True, exist_ok=True)
         for old in d.iterdir():
@@ -103,12 +111,44 @@ def seed() -> None:
         print(f"{target}: {len(items)} seeds in {d.relative_to(REPO)}")
 
 
+def _federation_seeds(forwards: Callable[[list[Any]], bytes], frames: list[bytes],
+                      pack: Callable[[Any], bytes]) -> list[bytes]:
+    """Streams of one peer (tests/fuzz/targets.py `Forwards`): sender b (0) in order, with a
+    gap, lost frames (a floor past what was applied), reboots, huge sequence numbers, other
+    senders, raw headers and frames, other shapes, each reject."""
+    def at(body: int, host: int = 2) -> int:  # frames(): 11 bodies x 4 hosts
+        return body * 4 + host
+
+    def nxt(frame: int | bytes, sender: int = 0, boot: int = 0) -> tuple[int, Any, Any]:
+        return (0, (sender, boot, 3, 0, 0), frame)  # fseq = applied + 1, floor = fseq
+
+    head = {"from": "b", "boot": "0123456789abcdef", "fseq": 1, "floor": 1}
+    in_order = [nxt(at(0)), nxt(at(1)), nxt(at(2, 3)), nxt(at(8)), nxt(at(4)), nxt(at(3))]
+    return [forwards(x) for x in (
+        in_order,
+        [nxt(at(0)), (0, (0, 0, 4, 0, 1), at(1)), nxt(at(1)), nxt(at(2)),
+         (0, (0, 0, 1, 0, 0), at(1))],  # a gap, the resend, a duplicate
+        [nxt(at(0)), (0x30, (0, 0, 0, 5 << 48, 0), at(1)), nxt(at(2))],  # floor 5: 4 lost
+        in_order[:3] + [nxt(at(1), boot=1), nxt(at(2), boot=1), nxt(at(1))],  # reboots
+        [(0x10, (0, 0, 0, (1 << 62) - 1, 0), at(1)), nxt(at(2)),
+         (0x10, (0, 0, 0, (1 << 64) - 1, 0), at(1)), (0x40, (0, 0, 3, 0, 0), at(1))],
+        [nxt(at(1), sender=1), nxt(at(1), sender=2), nxt(at(1), sender=3),
+         nxt(at(1), boot=3), (0x80, (0, 0, 3, 0, 0), at(1))],
+        [(4, b"\xc1", at(1)), (4, pack(head), at(1)), (4, pack([1, 2]), at(1)),
+         (4, pack({**head, "fseq": True}), at(1)), (4, pack({**head, "from": 7}), at(1))],
+        [(8, (0, 0, 3, 0, 0), frames[at(1)]), (8, (0, 0, 3, 0, 0), frames[at(8)][:-3]),
+         (8, (0, 0, 3, 0, 0), b"\x80"), (1, (0, 0, 3, 0, 0), 0), (2, (0, 0, 3, 0, 0), at(1))],
+        [nxt(at(b)) for b in (5, 6, 7, 9, 10, 1)],
+    )]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("targets", nargs="*", help=f"of {', '.join(TARGETS)} (default: all)")
     ap.add_argument("--seconds", type=int, default=60, help="per target")
     ap.add_argument("--artifacts", help="directory for crashing inputs")
-    ap.add_argument("--seed", action="store_true", help="rebuild the kept corpus and exit")
+    ap.add_argument("--seed", action="store_true",
+                    help="rebuild the kept corpus (of the targets named, default all) and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     own = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
     args = ap.parse_args(own)
@@ -116,7 +156,7 @@ def main() -> int:
         _child(args.child, sys.argv[sys.argv.index("--") + 1:])
         return 0
     if args.seed:
-        seed()
+        seed(args.targets)
         return 0
     art = Path(args.artifacts or tempfile.mkdtemp(prefix="c4-fuzz-crashes-"))
     art.mkdir(parents=True, exist_ok=True)
