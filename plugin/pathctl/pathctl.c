@@ -269,7 +269,22 @@ static struct c4pc_msg outbox[OUTBOX_MAX];
 static size_t out_head, out_len;
 static unsigned long out_dropped;
 static int wake_fd = -1;
+static int wake_owed; /* results queued since the agent thread last took the outbox */
 static int thread_started;
+
+/* Application threads: release the lock, then wake the agent thread for what they queued (the
+ * eventfd write is a system call: not under the lock). */
+static void unlock_and_wake(void)
+{
+	int fd = wake_owed ? wake_fd : -1;
+	uint64_t one = 1;
+
+	wake_owed = 0;
+	pthread_mutex_unlock(&lock);
+	if (fd >= 0 && write(fd, &one, sizeof(one)) < 0) {
+		/* eventfd at its maximum: the thread is awake already */
+	}
+}
 
 static size_t bucket(uint64_t key)
 {
@@ -322,7 +337,8 @@ static void table_remove(struct qp_entry *e)
 	free(e);
 }
 
-/* Queue a result for the agent (lock held); the background thread sends it. */
+/* Queue a result for the agent (lock held); the background thread sends it (woken by
+ * unlock_and_wake). */
 static void post_result(uint64_t token, const struct qp_entry *e, uint32_t lqpn, int err,
 			uint16_t sport, uint16_t how, const char *fmt, ...)
 	__attribute__((format(printf, 7, 8)));
@@ -330,7 +346,6 @@ static void post_result(uint64_t token, const struct qp_entry *e, uint32_t lqpn,
 			uint16_t sport, uint16_t how, const char *fmt, ...)
 {
 	struct c4pc_msg *m;
-	uint64_t one = 1;
 	va_list ap;
 
 	if (!token)
@@ -356,9 +371,7 @@ static void post_result(uint64_t token, const struct qp_entry *e, uint32_t lqpn,
 	va_start(ap, fmt);
 	vsnprintf(m->detail, sizeof(m->detail), fmt, ap);
 	va_end(ap);
-	if (wake_fd >= 0 && write(wake_fd, &one, sizeof(one)) < 0) {
-		/* eventfd at its maximum: the thread is awake already */
-	}
+	wake_owed = 1;
 }
 
 /* Kernel rdma_flow_label_to_udp_sport and its inverse for ports 0xC000-0xFFFF. */
@@ -526,6 +539,7 @@ static int flush_outbox(int *fd)
 		if (!send_len) {
 			send_head = 0;
 			pthread_mutex_lock(&lock);
+			wake_owed = 0; /* this thread is at the outbox already */
 			while (out_len && send_len < SEND_BATCH) {
 				sending[send_len++] = outbox[out_head];
 				out_head = (out_head + 1) % OUTBOX_MAX;
@@ -751,7 +765,7 @@ EXPORT int c4_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 			    "ibv_modify_qp INIT->RTR with the planned flow label failed: %s",
 			    strerror(rc));
 	}
-	pthread_mutex_unlock(&lock);
+	unlock_and_wake();
 	return rc;
 }
 
@@ -782,6 +796,6 @@ EXPORT int c4_destroy_qp(struct ibv_qp *qp)
 	} else if (e) {
 		e->dying = 0;
 	}
-	pthread_mutex_unlock(&lock);
+	unlock_and_wake();
 	return rc;
 }
