@@ -25,13 +25,17 @@ Pure arithmetic on indices: the caller (service.py) turns topology, path map and
 from __future__ import annotations
 
 import ctypes
+import functools
+import gc
 import operator
 import os
+import random
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Sequence
+from typing import Callable, Iterator, ParamSpec, Sequence, TypeVar
 
 import highspy
 import numpy as np
@@ -63,6 +67,9 @@ MOVERS = 3000  # flows the MILP for the fewest moves takes without a neighbourho
 WHOLE = 4096  # flows up to which a plan asks HiGHS for a placement at the whole-flow bound
 TAIL = 0.015  # seconds a re-plan keeps after its MILP for taking the answer over
 BACK = 0.012  # seconds a re-plan keeps for the MILP over its moved flows
+TRIES = 8  # shuffled orders a re-plan may insert its displaced flows in, time permitting
+BULK = 1000  # moved flows from which restore returns them in array steps
+SETUP = 6e-6  # seconds setting up a MILP takes per candidate path of its free flows (loaded VM)
 
 
 @dataclass
@@ -126,23 +133,47 @@ def _split(paths: list[tuple[int, ...]]) -> Split:
     return tuple(common), [tuple(a for a in p if a not in common) for p in paths]
 
 
+def _split_all(lists: list[list[tuple[int, ...]]]) -> list[Split]:
+    """`_split` of each list; the usual case (every path of a list as long, sharing its
+    first and last arc and no other) in array steps per shape: a first plan at 32,768
+    flows splits 16,384 lists."""
+    out: list[Split | None] = [None] * len(lists)
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for i, c in enumerate(lists):
+        n = len(c[0])
+        if len(c) > 1 and n > 2 and all(len(p) == n for p in c):
+            shapes.setdefault((len(c), n), []).append(i)
+    for (k, n), members in shapes.items():
+        A = np.fromiter(chain.from_iterable(chain.from_iterable(lists[i] for i in members)),
+                        dtype=np.intp, count=len(members) * k * n).reshape(len(members), k, n)
+        ok = (A[:, :, 0] == A[:, :1, 0]).all(axis=1) & (A[:, :, -1] == A[:, :1, -1]).all(axis=1)
+        mid = A[:, :, 1:-1]
+        for j in range(n - 2):  # an arc of the first path's middle in every path: shared
+            ok &= ~(mid == mid[:, :1, j:j + 1]).any(axis=2).all(axis=1)
+        for i, a, z in zip(np.asarray(members)[ok].tolist(), A[ok, 0, 0].tolist(),
+                           A[ok, 0, -1].tolist()):
+            out[i] = ((a, z), [p[1:-1] for p in lists[i]])
+    return [got if got is not None else _split(c) for got, c in zip(out, lists)]
+
+
 class _On(dict[int, set[int]]):
     """Arc -> the flows on it. After one bulk placement the sets are made on first use from
     sorted arrays, so a state for 30,000 flows costs no Python loop over them."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.flows: np.ndarray | None = None
-        self.starts = np.zeros(1, dtype=np.intp)
+        self.flows: list[int] | None = None
+        self.starts: list[int] = [0]
 
     def bulk(self, arcs: np.ndarray, owners: np.ndarray, n_arcs: int) -> None:
         order = np.argsort(arcs, kind="stable")
-        self.flows = owners[order]
-        self.starts = np.searchsorted(arcs[order], np.arange(n_arcs + 1))
+        # Python lists: a set made from a list slice costs a fraction of one from an array
+        # slice, and a plan at 32,768 flows makes ~15,000 of them
+        self.flows = owners[order].tolist()
+        self.starts = np.searchsorted(arcs[order], np.arange(n_arcs + 1)).tolist()
 
     def __missing__(self, a: int) -> set[int]:
-        s = set() if self.flows is None else \
-            set(self.flows[self.starts[a]:self.starts[a + 1]].tolist())
+        s = set() if self.flows is None else set(self.flows[self.starts[a]:self.starts[a + 1]])
         self[a] = s
         return s
 
@@ -173,7 +204,7 @@ class _State:
         self.on = _On()
         self.touched: set[int] = set()  # flows placed or lifted since the state was set up
         self.budget = 0
-        self.stop = float("inf")  # improve's deadline: the ejection chains stop at it too
+        self.stop = float("inf")  # improve's or insert's deadline: the ejection chains stop at it
         self.frugal = False  # insert's chains try one harmless move first (`_direct`)
 
     def place(self, f: int, k: int) -> None:
@@ -268,21 +299,33 @@ class _State:
                 self.assign[f] = 0
                 for a in self.var[f][0]:
                     load[a] += self.d[f]
-        kmax = max((len(self.var[f]) for f in todo), default=1)
-        lmax = max((len(p) for f in todo for p in self.var[f]), default=1) or 1
-        # one padded (candidates x arcs) block per flow, built per shape at C speed
-        P = np.full((len(todo), kmax, lmax), pad, dtype=np.intp)
-        shapes: dict[tuple[int, int, bool], list[int]] = {}
+        # one padded (candidates x arcs) block per flow, built per candidate list (flows
+        # between the same endpoints share one) and per shape at C speed
+        lists: dict[int, list[int]] = {}
         for i, f in enumerate(todo):
-            lens = {len(p) for p in self.var[f]}
-            shapes.setdefault((len(self.var[f]), max(lens), len(lens) == 1), []).append(i)
-        for (ncand, width, even), members in shapes.items():
-            rows = ([self.var[todo[i]] for i in members] if even else
-                    [[p + (pad,) * (width - len(p)) for p in self.var[todo[i]]]
-                     for i in members])
-            block = np.array(rows, dtype=np.intp).reshape(len(members), ncand, width)
-            P[members, :ncand, :width] = block
-            P[members, ncand:, 0] = bad
+            lists.setdefault(id(self.var[f]), []).append(i)
+        shapes: dict[tuple[int, int, bool], list[list[int]]] = {}
+        for members in lists.values():
+            lens = {len(p) for p in self.var[todo[members[0]]]}
+            key = (len(self.var[todo[members[0]]]), max(lens), len(lens) == 1)
+            shapes.setdefault(key, []).append(members)
+        kmax = max((k for k, _, _ in shapes), default=1)
+        lmax = max((w for _, w, _ in shapes), default=1) or 1
+        P = np.full((len(todo), kmax, lmax), pad, dtype=np.intp)
+        for (ncand, width, even), groups in shapes.items():
+            var = [self.var[todo[m[0]]] for m in groups]
+            if even:
+                flat = np.fromiter(chain.from_iterable(chain.from_iterable(var)), dtype=np.intp,
+                                   count=len(var) * ncand * width)
+            else:
+                flat = np.fromiter(chain.from_iterable(
+                    p + (pad,) * (width - len(p)) for v in var for p in v), dtype=np.intp,
+                    count=len(var) * ncand * width)
+            block = flat.reshape(len(var), ncand, width)
+            sizes = np.fromiter(map(len, groups), dtype=np.intp, count=len(groups))
+            rows = np.fromiter(chain.from_iterable(groups), dtype=np.intp, count=int(sizes.sum()))
+            P[rows, :ncand, :width] = np.repeat(block, sizes, axis=0)
+            P[rows, ncand:, 0] = bad
         D = np.array([self.d[f] for f in todo])
         pref = np.array([prefer[f] if prefer is not None else -1 for f in todo], dtype=np.intp)
         # largest first; flows within 5% of each other form one bucket, shuffled by a fixed
@@ -414,25 +457,35 @@ class _State:
 
     def insert(self, flows: Sequence[int], level: float, deadline: float,
                direct: bool = False) -> bool:
-        """Place each of `flows` (unplaced; largest first) on the candidate that needs the
+        """Place each of `flows` (unplaced; in the order given) on the candidate that needs the
         fewest other flows moved to keep every arc at or below `level`: what the placement
         overloads is relieved by ejection chains that move `flows` and already moved flows
         first (they count once however often they move); `direct`: a link is first relieved
         by one move that overloads nothing (`_direct`). False when some flow fits nowhere
         at `level`; it then goes where its busiest arc ends lowest."""
-        self.frugal = direct
+        self.frugal, self.stop = direct, deadline
         try:
             return self._insert(flows, level, deadline)
         finally:
-            self.frugal = False
+            self.frugal, self.stop = False, float("inf")
 
     def _insert(self, flows: Sequence[int], level: float, deadline: float) -> bool:
         free = set(flows)
         limit = level + max(EPS, level * 1e-9)
         ok = True
-        for f in sorted(flows, key=lambda f: -self.d[f]):
+        inv, load = self.inv, self.load
+        for f in flows:
             best: tuple[tuple[int, float], int] | None = None
-            for k in range(len(self.var[f])):
+            d = self.d[f]
+            # a candidate that overloads nothing moves no one: the lowest such is the choice
+            # (no chain search); else candidates that overload fewer arcs are tried first
+            ranked = sorted((sum((load[a] + d) * inv[a] >= limit for a in p),
+                             max(((load[a] + d) * inv[a] for a in p), default=0.0), k)
+                            for k, p in enumerate(self.var[f]))
+            if ranked[0][0] == 0:
+                self.place(f, ranked[0][2])
+                continue
+            for _, _, k in ranked:
                 if time.perf_counter() >= deadline:
                     break
                 journal: list[tuple[int, int]] = []
@@ -497,19 +550,33 @@ class _State:
         flows that have moved anyway (an ejection chain that saves a move)."""
         level = self.max_util()
         limit = level + max(EPS, level * 1e-9)
-        changed = True
-        while changed:
-            changed = False
-            for f in sorted(self.touched):
-                k, cur = prev[f], self.assign[f]
-                if k < 0 or cur == k:
-                    continue
-                d, mine = self.d[f], self.var[f][cur]
-                if all((self.load[a] + d) * self.inv[a] < limit
-                       for a in self.var[f][k] if a not in mine):
-                    self.lift(f)
-                    self.place(f, k)
-                    changed = True
+        self._return_bulk(prev, limit)
+        # a flow that cannot go back is tried again only when a return frees one of the arcs
+        # it needs (loads elsewhere only rise): one pass plus the flows a return may help,
+        # not passes over every moved flow until none returns
+        todo = deque(f for f in sorted(self.touched)
+                     if prev[f] >= 0 and self.assign[f] != prev[f])
+        waiting: dict[int, list[int]] = {}  # arc -> moved flows whose previous path uses it
+        for f in todo:
+            for a in self.var[f][prev[f]]:
+                waiting.setdefault(a, []).append(f)
+        queued = set(todo)
+        while todo:
+            f = todo.popleft()
+            queued.discard(f)
+            k, cur = prev[f], self.assign[f]
+            if cur == k:
+                continue
+            d, mine, back = self.d[f], self.var[f][cur], self.var[f][k]
+            if all((self.load[a] + d) * self.inv[a] < limit for a in back if a not in mine):
+                self.lift(f)
+                self.place(f, k)
+                for a in mine:
+                    if a not in back:
+                        for g in waiting.get(a, ()):
+                            if g not in queued and self.assign[g] != prev[g]:
+                                todo.append(g)
+                                queued.add(g)
         if deadline is None:
             return
         moved = self.moved(prev)
@@ -525,6 +592,51 @@ class _State:
             if not self._fit(f, k, limit, free, journal) or \
                     any(g not in free for g, _ in journal[2:]):
                 self._undo(journal, 0)
+
+    def _return_bulk(self, prev: Sequence[int], limit: float) -> None:
+        """restore's single returns in array steps, for a plan that moved thousands of flows:
+        each round, every moved flow whose previous path fits under `limit` at the present
+        loads goes back unless a flow before it returns onto one of the same arcs (it may fit
+        in the next round: returns only free the arcs they leave). Ends where no moved flow
+        fits, as the sequential returns do."""
+        moved = [f for f in sorted(self.touched) if prev[f] >= 0 and self.assign[f] != prev[f]]
+        if len(moved) < BULK:
+            return
+        pad = len(self.inv)
+        B = _padded([self.var[f][prev[f]] for f in moved], pad)
+        C = _padded([self.var[f][self.assign[f]] for f in moved], pad)
+        width = max(B.shape[1], C.shape[1])
+        B, C = (np.pad(X, ((0, 0), (0, width - X.shape[1])), constant_values=pad) for X in (B, C))
+        D = np.asarray(self.d)[moved]
+        # arcs of the previous path the flow is on now anyway gain nothing
+        gain = ~(B[:, :, None] == C[:, None, :]).any(axis=2) & (B != pad)
+        load = np.concatenate([self.loads(), [0.0]])
+        inv = np.asarray(self.inv + [0.0])
+        left = np.ones(len(moved), dtype=bool)
+        while True:
+            fits = ((load[B] + D[:, None]) * inv[B] < limit) | ~gain
+            cand = np.flatnonzero(left & fits.all(axis=1))
+            if not len(cand):
+                break
+            arcs, owner = B[cand][gain[cand]], np.repeat(cand, gain[cand].sum(axis=1))
+            uniq, first = np.unique(arcs, return_index=True)
+            clash = owner[first][np.searchsorted(uniq, arcs)] != owner
+            late = np.zeros(len(moved), dtype=bool)
+            late[owner[clash]] = True
+            go = cand[~late[cand]]
+            np.add.at(load, C[go].ravel(), -np.repeat(D[go], width))
+            np.add.at(load, B[go].ravel(), np.repeat(D[go], width))
+            load[pad] = 0.0
+            left[go] = False
+        gone = np.flatnonzero(~left).tolist()
+        if not gone:
+            return
+        for i in gone:
+            self.assign[moved[i]] = prev[moved[i]]
+        self.load = load[:pad].tolist()
+        self.arr, self.dirty = None, set()
+        self.on = _On()
+        self._index([f for f, k in enumerate(self.assign) if k >= 0])
 
     # -- large neighbourhoods (HiGHS) -------------------------------------------------------
     def hood(self, seeds: Sequence[int], size: int, level: float | None = None) -> list[int]:
@@ -660,6 +772,50 @@ class _State:
                     return None
         return list(out)
 
+def _orders(flows: Sequence[int], d: Sequence[float]) -> Iterator[tuple[list[int], bool]]:
+    """Orders to insert displaced flows in, each with whether a link is first relieved by a
+    harmless move: largest first with and without, then shuffles with (seeded: the same
+    input gets the same orders)."""
+    base = sorted(flows, key=lambda f: -d[f])
+    yield base, True
+    yield base, False
+    rng = random.Random(len(base))
+    while True:
+        order = list(base)
+        rng.shuffle(order)
+        yield order, True
+
+
+def _padded(paths: Sequence[tuple[int, ...]], pad: int) -> np.ndarray:
+    """One row per path, filled up with `pad` to the longest (array steps only)."""
+    lens = np.fromiter(map(len, paths), dtype=np.intp, count=len(paths))
+    flat = np.fromiter(chain.from_iterable(paths), dtype=np.intp, count=int(lens.sum()))
+    out = np.full((len(paths), max(int(lens.max(initial=0)), 1)), pad, dtype=np.intp)
+    first = np.cumsum(lens) - lens
+    out[np.repeat(np.arange(len(paths)), lens), np.arange(len(flat)) - np.repeat(first, lens)] = flat
+    return out
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _without_gc(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run `fn` with the cyclic garbage collector paused: the optimiser allocates many small
+    objects and no cycles, and each full collection walks every object of the model (at
+    32,768 flows that cost a plan up to a second)."""
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+    return run
+
+
 def _usable(inst: Instance, prev: Sequence[int]) -> tuple[list[int], list[int]]:
     """`prev` with -1 for every index that is no candidate, and the flows with -1."""
     k = np.asarray(prev, dtype=np.intp)
@@ -696,11 +852,16 @@ class Engine:
         """A fresh state, nothing placed."""
         ids = list(map(id, inst.cand))
         fresh: dict[int, tuple[list[tuple[int, ...]], Split]] = {}
+        new: dict[int, list[tuple[int, ...]]] = {}
         for i, c in zip(ids, inst.cand):
-            if i in fresh:
+            if i in fresh or i in new:
                 continue
             got = self.memo.get(i)
-            fresh[i] = got if got is not None and got[0] is c else (c, _split(c))
+            if got is not None and got[0] is c:
+                fresh[i] = got
+            else:
+                new[i] = c
+        fresh.update(zip(new, zip(new.values(), _split_all(list(new.values())))))
         self.memo = fresh  # holds the lists, so an id is not reused while it is a key
         return _State(inst, [fresh[i][1][0] for i in ids], [fresh[i][1][1] for i in ids])
 
@@ -782,6 +943,7 @@ class Engine:
         self.last = st
         return st
 
+    @_without_gc
     def plan(self, inst: Instance, current: Sequence[int] | None = None,
              budget_s: float = 0.5) -> Result:
         """A full plan. `current[f]`: the candidate flow f uses now (-1: unknown); `moved`
@@ -823,6 +985,7 @@ class Engine:
         best.seconds = time.perf_counter() - t0
         return best
 
+    @_without_gc
     def replan(self, inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
                target: float = 0.0, search: bool = False) -> Result:
         """Re-plan from `prev` (per flow: candidate index, -1 where the old path is no longer
@@ -842,23 +1005,37 @@ class Engine:
         # where the maximum can go: displaced flows where their busiest arc ends lowest, then
         # improvement down to `target`
         st.greedy(displaced)
-        stuck = st.improve(t0 + budget_s / 3, set(displaced), target=target)
+        # the phases share what setting up left (a loaded machine can take half of it)
+        t1 = time.perf_counter()
+        span = max(deadline - t1, 0.0)
+        stuck = st.improve(t1 + span / 3, set(displaced), target=target)
         st.restore(prev)
         level = st.max_util()
         if len(st.moved(prev)) > len(displaced):
             # which moved flows can go back, the others re-placed among their candidates: a
             # MILP over the moved flows alone takes a few ms and finds returns that single
             # moves and ejection chains miss
-            st.fewest_moves(prev, min(time.perf_counter() + BACK, t0 + budget_s * 4 / 9),
+            st.fewest_moves(prev, min(time.perf_counter() + BACK, t1 + span * 4 / 9),
                             st.moved(prev))
         first = {f: st.assign[f] for f in st.moved(prev)}
         # the same level again, each displaced flow where the fewest others must move: with
-        # and without trying a harmless move first (each wins on some fabrics), the better
-        # one kept
-        tries = []
-        for i, direct in enumerate((True, False)):
+        # and without trying a harmless move first (each wins on some fabrics), then, when
+        # one of those reached the level, in other orders while time is left (the order
+        # decides which flows the first ones push out); the fewest moves kept
+        tries: list[tuple[bool, int, int, dict[int, int]]] = []
+        stop = deadline - BACK - span / 6
+        longest = 0.0
+        for i, (order, direct) in enumerate(_orders(displaced, st.d)):
+            now = time.perf_counter()
+            if i >= 2 and (i >= 2 + TRIES or now + longest > stop or min(tries)[0] or
+                           min(tries)[1] == len(displaced)):
+                # out of time or orders; neither first order reached the level (the time
+                # goes to improvement); or nothing but the displaced flows moved
+                break
             st.reassign({f: prev[f] for f in st.moved(prev)})
-            fits = st.insert(displaced, level, t0 + budget_s * (4 + i) / 9, direct)
+            fits = st.insert(order, level, max(t1 + span * (4 + i) / 9, now + span / 9)
+                             if i < 2 else stop, direct)
+            longest = max(longest, time.perf_counter() - now)
             tries.append((not fits, len(st.moved(prev)), i,
                           {f: st.assign[f] for f in st.moved(prev)}))
         best = min(tries)
@@ -916,8 +1093,8 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     and whether HiGHS proved it optimal; None when it finds no solution by `deadline`
     (perf_counter; setting the model up counts). `warm_start`: hand HiGHS the flows' present
     candidates as a first solution (when every free flow has one)."""
-    if deadline <= time.perf_counter() or not free:
-        return None
+    if not free or deadline - time.perf_counter() < SETUP * sum(len(st.var[f]) for f in free):
+        return None  # HiGHS checks its time limit only once the model is set up
     inst = st.inst
     scale = 1.0 / float(np.max(inst.cap))
     cap = inst.cap * scale

@@ -449,3 +449,45 @@ def test_model_rebuilds_only_what_changed_and_agrees_with_a_fresh_build(sc, data
     for f, x in enumerate(b2.flows):
         if (x.src, x.dst) not in touched and (x.src, x.dst) in before:
             assert b2.inst.cand[f] is before[(x.src, x.dst)]
+
+
+def test_restore_in_array_steps_leaves_no_needless_move_and_no_higher_maximum():
+    # thousands of moved flows (a first plan at 16,384 GPUs) take restore's array rounds:
+    # it must end where the one-by-one returns end: no moved flow fits back under the
+    # maximum, and the maximum does not rise
+    rng = np.random.default_rng(5)
+    n = 3 * solver.BULK
+    cand = [[(int(a), 40 + int(b)) for a, b in zip(rng.choice(20, 3, replace=False),
+                                                  rng.choice(20, 3, replace=False))]
+            for _ in range(n)]
+    inst = solver.Instance(np.full(60, 30.0), rng.choice([0.5, 1.0, 2.0], size=n), cand)
+    prev = rng.integers(0, 3, size=n).tolist()
+    st = solver.Engine().state(inst)
+    st.greedy(range(n))
+    top = st.max_util()
+    assert len(st.moved(prev)) > solver.BULK
+    st.restore(prev)
+    assert st.max_util() <= top + 1e-9
+    assert np.allclose(st.loads(), solver.loads(inst, st.assign))
+    assert all(st.on[a] == {f for f in range(n) if a in st.var[f][st.assign[f]]}
+               for a in range(60))
+    limit = st.max_util() + 1e-9
+    for f in st.moved(prev):
+        back, mine = st.var[f][prev[f]], st.var[f][st.assign[f]]
+        assert any((st.load[a] + st.d[f]) / inst.cap[a] >= limit for a in back if a not in mine)
+    assert len(st.moved(prev)) < n // 2
+
+
+def test_candidate_lists_split_in_array_steps_as_one_by_one():
+    rng = np.random.default_rng(7)
+    lists = []
+    for _ in range(2000):
+        a, z, n = int(rng.integers(0, 50)), int(rng.integers(50, 100)), int(rng.integers(2, 6))
+        paths = {(a,) + tuple(int(x) for x in rng.integers(100, 106, n - 2)) + (z,)
+                 for _ in range(int(rng.integers(1, 5)))}
+        if rng.random() < 0.1:  # a path that does not share the ends
+            paths.add(tuple(int(x) for x in rng.integers(0, 110, int(rng.integers(1, 5)))))
+        lists.append(sorted(paths))
+    for c, (com, var) in zip(lists, solver._split_all(lists)):
+        want = solver._split(c)
+        assert set(com) == set(want[0]) and var == want[1]
