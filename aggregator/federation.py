@@ -245,6 +245,9 @@ class Federation:
         self.sock = self.zctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * max_frame)
+        # Unread forwards per connection by bytes, as the sender bounds its queue (ZeroMQ's
+        # default, 1,000 messages of up to 2 * max_frame, is 2 GiB); then TCP pushes back.
+        self.sock.setsockopt(zmq.RCVHWM, max(8, cfg.queue_bytes // max_frame))
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if keys is not None:
             curve_server(self.sock, *keys)

@@ -76,3 +76,62 @@ def test_booleans_are_not_sequence_numbers(owner: Owner) -> None:
     assert "b" not in owner.fed.inbound and not owner.applied
     assert owner.send(head(1)) == [{"boot": BOOT, "fseq": 1}]
     assert type(owner.fed.inbound["b"].applied) is int and owner.fed.received == 1
+
+
+def test_a_stream_never_goes_back_within_a_boot(owner: Owner) -> None:
+    """A floor past what was applied counts the frames between as lost and never moves back;
+    a resend below it is a duplicate; another boot is a new stream from its floor."""
+    assert owner.send(head(1)) == [{"boot": BOOT, "fseq": 1}]
+    assert owner.send(head(9, floor=6)) == [{"boot": BOOT, "fseq": 5}]  # 2-5 lost, 6-8 awaited
+    st = owner.fed.inbound["b"]
+    assert (st.applied, st.lost) == (5, 4)
+    assert owner.send(head(3, floor=2)) == [{"boot": BOOT, "fseq": 5}]  # an old floor: nothing
+    assert owner.send(head(6, floor=6)) == [{"boot": BOOT, "fseq": 6}]
+    assert (st.applied, st.lost, owner.fed.duplicates, owner.fed.received) == (6, 4, 1, 2)
+    top = (1 << 62) - 1  # the largest fseq: applied, and nothing follows it in this boot
+    assert owner.send(head(top, floor=top)) == [{"boot": BOOT, "fseq": top}]
+    assert owner.send(head(top + 1, floor=top + 1)) == []
+    assert owner.fed.rejected["malformed"] == 1 and owner.fed.inbound["b"].applied == top
+    other = BOOTS[1]  # the peer restarted: its new stream starts where its floor says
+    assert owner.send(head(1, boot=other)) == [{"boot": other, "fseq": 1}]
+    assert owner.fed.inbound["b"].boot == other and owner.fed.received == 4
+
+
+def test_strangers_shapes_and_bad_headers_are_counted_and_hold_nothing(owner: Owner) -> None:
+    bad: list[Any] = [
+        head(1, sender="a"), head(1, sender="zz"), head(1, sender=7),  # itself, no peer
+        head(1, boot="no boot!"), head(1, boot="b" * 65), head(0, floor=0), head(2, floor=3),
+        head(-1, floor=-2), head((1 << 64) - 1), {**head(1), "x": 0}, [1, 2, 3, 4], b"\xc1",
+        b"\x81" * 100 + b"\xc0", msgpack.packb({**head(1), "boot": "\xff" * 300}),
+    ]
+    for h in bad:
+        assert owner.send(h) == [], h
+    assert owner.fed.rejected["identity"] == 2
+    assert owner.fed.rejected["malformed"] == len(bad) - 2
+    owner.peer.send_multipart([msgpack.packb(head(1))])  # the header alone
+    owner.peer.send_multipart([msgpack.packb(head(1)), b"", b""])  # a part too many
+    owner.fed.receive(owner._apply)
+    assert owner.fed.rejected["malformed"] == len(bad)
+    assert owner.fed.inbound == {} and owner.fed.received == 0 and not owner.applied
+
+
+def test_the_owner_holds_a_bounded_number_of_unread_forwards(tmp_path: Path) -> None:
+    """ZeroMQ's default receive queue is 1,000 messages per connection, of up to twice
+    max_frame each (2 GiB with the default 1 MiB): the owner bounds it by bytes instead,
+    `queue_bytes` per connection as the sender bounds its own queue."""
+    o = Owner(tmp_path)
+    try:
+        o.peer.setsockopt(zmq.SNDHWM, 1)
+        o.peer.disconnect(o.fed.cfg.listen)  # the HWMs apply from the next connection
+        o.peer.connect(o.fed.cfg.listen)
+        held = 0
+        while held < 5000:  # nobody reads: how many does the owner's side take?
+            try:
+                o.peer.send_multipart([msgpack.packb(head(1)), b"x"], zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            held += 1
+        limit = o.fed.cfg.queue_bytes // (1 << 20)  # max_frame 1 MiB: 64
+        assert limit <= held <= limit + 2, held
+    finally:
+        o.close()
