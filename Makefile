@@ -20,8 +20,9 @@ test-unit: setup
 test-root: setup
 	$(PY) -m pytest -m root $(PYTEST_ARGS)
 
-# Coverage-guided fuzzing (atheris) of the wire decoder, ingest, the plugin datagram decoder and
-# the nccl collector: FUZZ_SECONDS per target (default 300); prints executions and crashes.
+# Coverage-guided fuzzing (atheris) of the wire decoder, ingest, the plugin datagram decoder,
+# the nccl collector and the federation owner's receive path: FUZZ_SECONDS per target (default
+# 300); prints executions and crashes.
 # `make test` runs a 3-second pass of each (tests/fuzz/test_fuzz.py).
 fuzz: setup
 	$(PY) -m tests.fuzz.run --seconds $${FUZZ_SECONDS:-300}

@@ -215,6 +215,7 @@ class Forwards:
                 fseq = (applied(sender, boot) + delta - 2 if mode == 0 else
                         self.num(8) >> (0, 0, 32, 48)[mode])
                 floor = fseq + 1 + self.num(1) if op & 0x40 else fseq - self.num(1)
+                floor = min(floor, (1 << 64) - 1)  # what msgpack can carry
                 fields = {"from": sender, "boot": boot, "fseq": fseq, "floor": floor}
                 head = msgpack.packb({**fields, "x": 0} if op & 0x80 else fields)
             frame = self.take(self.num(2)) if op & 8 else frames[self.num(1) % len(frames)]
