@@ -119,7 +119,10 @@ BACKGROUND_LOSS = 1e-4  # what a healthy leg loses (answers a router's ICMP poli
 P_LOSSY = 1e-3  # a leg is lossy when background loss this unlikely explains its losses
 P_CLEAN = 1e-2  # ... and clean when the lossy legs' rate this unlikely gives its few losses
 RTT_RATIO, RTT_MIN_MS, RTT_CLEAN = 2.0, 0.2, 1.3  # p90 vs the best leg of the same TTL
-PROBE_TRUST = 0.95  # a unique verdict of the legs: what is left of the path's confidence
+# A unique verdict of the legs multiplies the odds of the passive evidence for the path (its
+# share, before the split between candidates) by this: loss measured on one link and not on
+# the other is direct evidence, and asked for only where the connections already point.
+PROBE_ODDS = 100.0
 
 
 @dataclass(frozen=True)
@@ -343,12 +346,12 @@ class Measuring:
         if verdict is None:
             return f
         cable, signal = verdict
-        share = sum(s.confidence for s in f.suspects if s.kind == "path")
-        conf = min(1.0, share * len(cands)) * PROBE_TRUST
+        share = min(0.99, sum(s.confidence for s in f.suspects if s.kind == "path") * len(cands))
+        conf = share * PROBE_ODDS / (share * PROBE_ODDS + 1.0 - share)
         lk = topo.links[cable]
         dirs = sorted(d.partition("=>")[2] for d in cands[cable])
         f.suspects = [Suspect("link", cable, None, None, conf)] + [
-            Suspect(s.kind, s.id, s.host, s.rank, s.confidence * (1 - PROBE_TRUST))
+            Suspect(s.kind, s.id, s.host, s.rank, s.confidence * (1.0 - conf))
             for s in f.suspects if s.kind != "path" and s.id != cable][:3]
         f.aliases = tuple(a for a in f.aliases if a != f"link:{cable}")
         f.evidence["direction"] = f"towards {dirs[0]}" if len(dirs) == 1 else "both"

@@ -1,0 +1,56 @@
+"""Measuring probes on the lab (real aggregator, agents, netns fabric and nftables loss): loss
+on the down direction spine=>leaf of a link that only one host pair of the ring crosses that
+way. What goes down it came up the other leaf's link to the same spine, and the ring's
+connections alone cannot say which of the two loses; the agents' TTL-limited datagrams to the
+spine from under each leaf do (aggregator/diagnosis/probes.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from c4.lab import control, faults, runs
+from c4.lab.state import LabState
+
+from ._lab import new_prefix, wait_named
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def lab() -> Iterator[LabState]:
+    prefix = new_prefix()
+    try:
+        yield control.up(None, prefix)
+    finally:
+        control.down(prefix)
+
+
+def down_pairs(st: LabState, rid: str) -> dict[str, set[tuple[str, str]]]:
+    """Fabric link -> the host pairs whose connections cross it spine=>leaf now."""
+    _, info = runs.run_info(st, rid)
+    fab = st.fabric()
+    out: dict[str, set[tuple[str, str]]] = {}
+    conns = runs.connections(info["dir"])
+    for c, spine in zip(conns, runs.conn_spines(fab, Path(info["dir"])).values()):
+        src, dst = fab.nic_of_addr(c["saddr"]), fab.nic_of_addr(c["daddr"])
+        assert src is not None and dst is not None
+        hops = [lk for lk in fab.path(src, dst, spine)
+                if fab.topology.links[lk].kind == "fabric"]
+        if len(hops) == 2:
+            out.setdefault(hops[1], set()).add((src.host, dst.host))
+    return out
+
+
+def test_loss_down_a_lone_pairs_link_is_named_by_measuring(lab: LabState, ring: str) -> None:
+    lone = sorted(lk for lk, pairs in down_pairs(lab, ring).items() if len(pairs) == 1)
+    # (the default lab's ring crosses one down link with a single host pair: leaf03-spine01)
+    if not lone:
+        pytest.skip("every down link carries several host pairs in this run")
+    f = faults.inject(lab, "loss", lone[0], {"percent": 3.0, "direction": "ba"})
+    inc, took = wait_named(lab, f, 90)
+    print(f"named in {took:.1f} s:", inc["evidence"].get("probe"))
+    # the probes named it: before them this was the path node005->node007 at 0.10
+    assert inc["evidence"]["probe"]["named"] == lone[0]
+    assert inc["evidence"]["direction"] == f"towards {lone[0].split('-')[0]}"
