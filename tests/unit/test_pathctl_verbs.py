@@ -25,15 +25,16 @@ TESTLIB = str(harness.LIBRARY)
 ROCE_V2_DEV, ROCE_V1_DEV = "c4test_1", "c4test_0"  # gid index 3 of each, by the sysfs fixture
 
 
-def _libasan() -> str:
-    out = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True)
+def _runtime(name: str) -> str:
+    """The sanitizer runtime (libasan.so, libtsan.so) that goes first in LD_PRELOAD."""
+    out = subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True)
     return out.stdout.strip()
 
 
 @pytest.fixture(scope="module")
 def built() -> None:
     harness.require()
-    proc = subprocess.run(["make", "-j1", "-C", str(PATHCTL), "all", "asan", "exports"],
+    proc = subprocess.run(["make", "-j1", "-C", str(PATHCTL), "all", "asan", "tsan", "exports"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -67,9 +68,12 @@ class App:
         if route == "preload":  # an application linked against libibverbs
             env["LD_PRELOAD"] = str(build / "libc4-pathctl.so")
         elif route == "asan":  # the same under AddressSanitizer + UBSan
-            env["LD_PRELOAD"] = f"{_libasan()}:{build / 'asan/libc4-pathctl.so'}"
+            env["LD_PRELOAD"] = f"{_runtime('libasan.so')}:{build / 'asan/libc4-pathctl.so'}"
             env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=1"
             env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+        elif route == "tsan":  # the agent thread against the verbs calls, under ThreadSanitizer
+            env["LD_PRELOAD"] = f"{_runtime('libtsan.so')}:{build / 'tsan/libc4-pathctl.so'}"
+            env["TSAN_OPTIONS"] = "halt_on_error=1:exitcode=66"
         elif route == "nccl_ibverbs_lib":  # NCCL 2.30+: NCCL_IBVERBS_LIB=<path>
             args = ("--dlopen", str(build / "libc4-pathctl.so"))
         elif route == "ld_library_path":  # older NCCL: dlopen("libibverbs.so") finds ours
@@ -124,7 +128,8 @@ def roce(aid: str, qpn: int, sport: int, pid: int | None, dev: str = ROCE_V2_DEV
     return a
 
 
-@pytest.mark.parametrize("route", ["preload", "asan", "nccl_ibverbs_lib", "ld_library_path"])
+@pytest.mark.parametrize("route", ["preload", "asan", "tsan", "nccl_ibverbs_lib",
+                                   "ld_library_path"])
 def test_live_replan_reaches_the_rts_qp(built: None, agent: PathControl, tmp_path: Path,
                                         route: str) -> None:
     app = App(tmp_path, agent, route)
@@ -144,9 +149,10 @@ def test_live_replan_reaches_the_rts_qp(built: None, agent: PathControl, tmp_pat
         app.close()
 
 
+@pytest.mark.parametrize("route", ["preload", "tsan"])  # tsan: results queued by the app thread
 def test_flow_label_at_rtr_gives_the_planned_port(built: None, agent: PathControl,
-                                                  tmp_path: Path) -> None:
-    app = App(tmp_path, agent, "preload")
+                                                  tmp_path: Path, route: str) -> None:
+    app = App(tmp_path, agent, route)
     try:
         app.connect(0x300)
         app.d.ok("modify 0x300 INIT")
