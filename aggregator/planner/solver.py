@@ -12,9 +12,10 @@ Pure arithmetic on indices: the caller (service.py) turns topology, path map and
   ECMP put them.
 - `Engine.replan`: keeps every flow whose path is still usable, puts each displaced flow on
   its best alternative (largest first), relieves what that overloads with moves of displaced
-  flows first, undoes every move the final maximum does not need, and, when more than the
-  displaced flows moved, asks a MILP over their neighbourhood for the fewest moves that reach
-  the same maximum.
+  flows first; then, from the flows' paths again, inserts the displaced flows where the fewest
+  others must move to stay at that maximum (in several orders while time is left); undoes
+  every move the final maximum does not need, and, when more than the displaced flows moved,
+  asks a MILP over their neighbourhood for the fewest moves that reach the same maximum.
 - The engine keeps, between plans, the split of each candidate list into the arcs all its
   paths share and the arcs they differ on (model.Model hands an unchanged endpoint pair the
   same list object), so a re-plan sets up its state with array operations only.
