@@ -158,6 +158,9 @@ class Server:
         self.api.token = token
         self.sock.bind(cfg.listen)
         self.routes: dict[str, bytes] = {}  # host -> ZeroMQ routing id of its latest frame
+        # C4D measures from hosts it can reach: under federation a leaf's hosts may report
+        # to another aggregator
+        self.core.diagnosis.use_routes(self.routes.__contains__)
         # Jobs that span pods (federation.py): their sections go to their owner after the
         # commit, and peers' forwards of the jobs this aggregator owns come in.
         self.federation: Federation | None = None

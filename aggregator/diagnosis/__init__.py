@@ -10,7 +10,7 @@ import logging
 import sqlite3
 import threading
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from c4.core.wire import Frame
 
@@ -73,6 +73,12 @@ class Diagnosis:
         default, the simulator in a replay of its run."""
         with self.lock:
             self.measuring.measurer = measurer
+
+    def use_routes(self, routed: Callable[[str], bool]) -> None:
+        """Which hosts the server can send to (a host connected to this aggregator): measuring
+        probes are asked of those only (federation: a leaf's hosts may report elsewhere)."""
+        with self.lock:
+            self.measuring.routed = routed
 
     def take_outbox(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(host, kind, body) frames for the agents: measuring probes (call under the lock)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from c4.core.topology import Topology, access_link_id, fabric_link_id
 
@@ -299,6 +299,11 @@ class Measuring:
         self.measurer: Measurer | None = \
             AgentMeasurer(model.topology) if model.topology is not None else None
         self.legs: dict[Leg, _Rounds] = {}
+        # The hosts this aggregator can send to (the server's routes, use_routes); None: all
+        # (a replay). Under federation a leaf's hosts may report to another aggregator.
+        self.routed: Callable[[str], bool] | None = None
+        self.unasked = 0  # candidate rounds not measured: no routed host under the leaf
+        self._unasked_at: dict[str, float] = {}  # candidate cable -> when last counted
 
     def on_result(self, body: dict[str, Any], now: float) -> None:
         """An agent's `probe_result`: a measured leg, or C4P's trace (not ours)."""
@@ -320,6 +325,8 @@ class Measuring:
                     st.rounds.append((now, res))
         for leg in [k for k, st in self.legs.items() if now - st.asked > WINDOW_S]:
             del self.legs[leg]
+        for cable in [c for c, t in self._unasked_at.items() if now - t > WINDOW_S]:
+            del self._unasked_at[cable]
         for st in self.legs.values():
             while st.rounds and now - st.rounds[0][0] > WINDOW_S:
                 st.rounds.popleft()
@@ -332,7 +339,7 @@ class Measuring:
         if self.measurer is None or topo is None or top is None or top.kind != "path":
             return f
         cands = candidates(topo, f)
-        legs = self._legs(topo, top.id, cands)
+        legs = self._legs(topo, top.id, cands, now)
         if len(cands) < 2 or len(legs) < 2:
             return f
         for leg in legs:
@@ -361,10 +368,11 @@ class Measuring:
                       f"are {'lossy' if signal == 'loss' else 'slow'}")
         return f
 
-    def _legs(self, topo: Topology, path: str, cands: dict[str, frozenset[str]]) -> list[Leg]:
+    def _legs(self, topo: Topology, path: str, cands: dict[str, frozenset[str]],
+              now: float) -> list[Leg]:
         """One leg per candidate: from the path's end NIC (else any NIC) under the candidate's
-        leaf, stopping at its spine (fabric) or leaf (access cable); legs crossing every
-        candidate separate nothing."""
+        leaf whose host this aggregator routes, stopping at its spine (fabric) or leaf (access
+        cable); legs crossing every candidate separate nothing."""
         ends = path.split("->")
         legs: list[Leg] = []
         for cable in cands:
@@ -378,7 +386,12 @@ class Measuring:
                 src = self._nic_under(topo, leaf, ends)
             else:
                 src, via, ttl = (lk.a, lk.b, 1) if "/" in lk.a else (lk.b, lk.a, 1)
+                if not self._asks(src.partition("/")[0]):
+                    src = None  # an access cable is measured from its own host only
             if src is None:
+                if now - self._unasked_at.get(cable, -1e18) >= ROUND_S:
+                    self._unasked_at[cable] = now
+                    self.unasked += 1
                 continue
             dst = next((e for e in ends if e.partition("/")[0] != src.partition("/")[0]),
                        ends[-1])
@@ -396,16 +409,21 @@ class Measuring:
             return None
         return f"{host}/{(h.nic(dev) or h.nics[0]).name}" if dev else f"{host}/{h.nics[0].name}"
 
-    @staticmethod
-    def _nic_under(topo: Topology, leaf: str, ends: list[str]) -> str | None:
-        """A NIC under `leaf`: the path's own end if it is there, else any host's."""
+    def _asks(self, host: str) -> bool:
+        return self.routed is None or self.routed(host)
+
+    def _nic_under(self, topo: Topology, leaf: str, ends: list[str]) -> str | None:
+        """A NIC under `leaf` on a host this aggregator routes: the path's own end if it is
+        there, else any host's."""
         for e in ends:
             host, _, dev = e.partition("/")
             h = topo.hosts.get(host)
-            for n in (h.nics if h else ()):
+            for n in (h.nics if h and self._asks(host) else ()):
                 if n.leaf == leaf and (not dev or n.name == dev):
                     return f"{host}/{n.name}"
         for h in topo.hosts.values():
+            if not self._asks(h.name):
+                continue
             for n in h.nics:
                 if n.leaf == leaf:
                     return f"{h.name}/{n.name}"
