@@ -327,11 +327,8 @@ class Planner:
         if not self.react(now) and now >= self.next_plan:
             self.next_plan = now + self.cfg.interval_s
             p = self.propose(now, "periodic")
-            need = p.gain_needed(self.cfg.min_gain) if p is not None else None
-            # applied on its own only when the measured demands cannot explain the gain
-            if self.cfg.auto_apply and p is not None and need is not None and \
-                    p.current_util and p.result.moved and not self._settling(now) and \
-                    p.current_util - p.result.max_util >= need:
+            if self.cfg.auto_apply and p is not None and not self._settling(now) and \
+                    self._gains(p):
                 self.apply(now)
         self.pathmap.expire(now)
         self._probe(now)
@@ -351,11 +348,24 @@ class Planner:
             return False
         self.deferred = set()
         self.stats["replans"] += 1
+        # flows on a down link must move; a slow or lossy link only weighs less, so that
+        # re-plan is an optimisation like a periodic one, held to the same margin (lab: C4D
+        # named leaf01's uplinks slow in turn under CPU starvation, and each re-plan
+        # reconnected the ring for a gain it could not show)
+        suspect_only = self.health.down == was_down
         p = self.propose(now, "link health changed: " + ", ".join(sorted(changed)),
-                         replan=True, t0=t0)
-        if self.cfg.auto_apply and p is not None and p.result.moved:
+                         replan=True, t0=t0, noise=suspect_only)
+        if self.cfg.auto_apply and p is not None and p.result.moved and \
+                (not suspect_only or self._gains(p)):
             self.apply(now)
         return True
+
+    def _gains(self, p: Proposal) -> bool:
+        """Whether `p` lowers the max utilisation by more than the noise in the measured
+        demands explains plus `min_gain` (the current utilisation known)."""
+        need = p.gain_needed(self.cfg.min_gain)
+        return need is not None and p.current_util is not None and p.current_util > 0 and \
+            bool(p.result.moved) and p.current_util - p.result.max_util >= need
 
     def _settling(self, now: float) -> bool:
         """Within `settle_s` of the last applied plan."""
@@ -383,8 +393,11 @@ class Planner:
                 for lk in links:
                     suspect[lk] = f"incident {inc['id']}: {inc['class']}"
         changed = (down ^ self.health.down) | (set(suspect) ^ set(self.health.suspect))
-        for lk in (down | set(suspect)) - self.health.down - set(self.health.suspect):
-            self.pathmap.forget_link(lk)  # the fabric may route around it differently now
+        # the fabric may route around a link that went down differently now; a slow or
+        # lossy link still carries what it did (and its flows' current paths stay known, so
+        # a re-plan can show what it gains)
+        for lk in down - self.health.down:
+            self.pathmap.forget_link(lk)
         if changed:
             self.asked.clear()  # flows that lost their known ports are probed again at once
         self.health = Health(down, suspect)
@@ -525,15 +538,15 @@ class Planner:
         return self.live
 
     def propose(self, now: float, reason: str, replan: bool = False,
-                t0: float | None = None) -> Proposal | None:
+                t0: float | None = None, noise: bool = False) -> Proposal | None:
         """Plan the live flows; `replan`: keep every flow whose path is still usable, within
         `replan_budget_s` from `t0` (perf_counter; default: here; building the input
-        counts)."""
-        job = self.prepare(now, reason, replan, t0)
+        counts); `noise`: a re-plan's noise margin is wanted too (full plans always have it)."""
+        job = self.prepare(now, reason, replan, t0, noise)
         return self.publish(self.solve(job)) if job is not None else None
 
     def prepare(self, now: float, reason: str, replan: bool = False,
-                t0: float | None = None) -> Job | None:
+                t0: float | None = None, noise: bool = False) -> Job | None:
         """The optimiser's input from what the planner knows now (under the aggregator's
         lock: it reads flows, path map and health); None, and no proposal, when no flow has
         a known path."""
@@ -544,10 +557,10 @@ class Planner:
         if b.inst is None:
             self.proposal = None
             return None
-        noise = None if replan else np.fromiter(
+        noise_of = None if replan and not noise else np.fromiter(
             (self._noise(k, fl) for k, fl in zip(b.keys, b.flows)),  # type: ignore[arg-type]
             dtype=np.float64, count=len(b.flows))
-        return Job(b, now, reason, replan, self.seq, t0, self.planned_util, noise)
+        return Job(b, now, reason, replan, self.seq, t0, self.planned_util, noise_of)
 
     def solve(self, job: Job) -> Proposal:
         """A proposal for `job`. Reads nothing the aggregator's lock guards (the input is

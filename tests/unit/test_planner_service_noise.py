@@ -128,3 +128,23 @@ def test_only_a_link_c4d_localised_changes_link_health_and_replans():
     assert _health_after({**SLOW, "suspects": path[1:]}) == (set(), {}, 0)
     host = [{"kind": "host", "id": "node002", "confidence": 0.9}]
     assert _health_after({**SLOW, "suspects": host}) == (set(), {}, 0)
+
+
+def test_a_slow_link_replan_is_applied_only_for_a_gain_its_noise_cannot_explain():
+    # one connection on each spine; C4D names spine00's uplink slow (capacity x 0.25): moving
+    # its connection to spine01 halves the max utilisation, if the demands are what they seem
+    slow = {**SLOW, "suspects": [{"kind": "link", "id": "leaf000-spine00", "confidence": 0.9}]}
+    for rates, applied in (([[5, 5]] * 2, 0), ([[5, 5]] * 6, 1)):
+        incidents: list[dict] = []
+        p, t = planner(lambda: incidents, auto_apply=True, suspect_factor=0.25)
+        sports = on_spine(t, "spine00", 1) + on_spine(t, "spine01", 1)
+        know_paths(p, t, sports)
+        now = report(p, sports, rates)
+        p.tick(now)
+        p.take_outbox()
+        incidents.append(slow)
+        p.tick(now + 0.5)
+        assert p.stats["replans"] == 1
+        assert len(plans(p)) == applied, rates  # young flows: all noise, nothing applied
+        if not applied:  # held back, not empty
+            assert p.proposal is not None and p.proposal.result.moved
