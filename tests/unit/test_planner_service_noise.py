@@ -136,7 +136,7 @@ def test_a_slow_link_replan_is_applied_only_for_a_gain_its_noise_cannot_explain(
     slow = {**SLOW, "suspects": [{"kind": "link", "id": "leaf000-spine00", "confidence": 0.9}]}
     for rates, applied in (([[5, 5]] * 2, 0), ([[5, 5]] * 6, 1)):
         incidents: list[dict] = []
-        p, t = planner(lambda: incidents, auto_apply=True, suspect_factor=0.25)
+        p, t = planner(lambda inc=incidents: inc, auto_apply=True, suspect_factor=0.25)
         sports = on_spine(t, "spine00", 1) + on_spine(t, "spine01", 1)
         know_paths(p, t, sports)
         now = report(p, sports, rates)
