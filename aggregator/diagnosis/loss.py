@@ -40,6 +40,7 @@ class End(SlowWindow):
     their reports arrive: a tick does no work per connection unless some end counts loss)."""
 
     __slots__ = ("rate", "seen", "bad_rate", "carried", "conns")
+    BREAKS = False
 
     def __init__(self) -> None:
         super().__init__()

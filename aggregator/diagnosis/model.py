@@ -101,9 +101,14 @@ class Rank:
 class SlowWindow:
     """How persistently a connection is slow over its last reports: the one rule for the NCCL
     matrix (slow.py) and the TCP detector (tcp.py). Slow in `slow_persist` of the window's
-    reports, over a span of at least `slow_hold_s` (a burst of congestion is shorter)."""
+    reports, over a span of at least `slow_hold_s` without a break (a burst of congestion is
+    shorter)."""
 
     __slots__ = ("hist", "streak", "since", "last_slow")
+    # A report that is not slow restarts the span: a degraded link slows every report, while
+    # two of other tenants' bursts on one link, a report apart, spanned the hold between them
+    # (loss.End: low-rate loss is sporadic, an interval without it is no break).
+    BREAKS = True
 
     def __init__(self) -> None:
         self.hist = 0  # bit i: the report i reports ago was slow
@@ -113,7 +118,7 @@ class SlowWindow:
 
     def push(self, slow: bool, now: float, mask: int) -> None:
         if slow:
-            if not self.hist:
+            if not self.hist or (self.BREAKS and not self.hist & 1):
                 self.since = now
             self.last_slow = now
         self.hist = ((self.hist << 1) | slow) & mask
