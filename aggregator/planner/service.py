@@ -333,6 +333,7 @@ class Planner:
         self.pathmap.expire(now)
         self._probe(now)
 
+    @solver.without_gc  # a full collection in the input build took a 16,384-GPU re-plan to 0.7 s
     def react(self, now: float) -> bool:
         """Link health from C4D's open incidents; when it changed, the re-plan (applied
         with `auto_apply`). True when it changed."""

@@ -802,7 +802,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _without_gc(fn: Callable[P, R]) -> Callable[P, R]:
+def without_gc(fn: Callable[P, R]) -> Callable[P, R]:
     """Run `fn` with the cyclic garbage collector paused: the optimiser allocates many small
     objects and no cycles, and each full collection walks every object of the model (at
     32,768 flows that cost a plan up to a second)."""
@@ -945,7 +945,7 @@ class Engine:
         self.last = st
         return st
 
-    @_without_gc
+    @without_gc
     def plan(self, inst: Instance, current: Sequence[int] | None = None,
              budget_s: float = 0.5) -> Result:
         """A full plan. `current[f]`: the candidate flow f uses now (-1: unknown); `moved`
@@ -987,7 +987,7 @@ class Engine:
         best.seconds = time.perf_counter() - t0
         return best
 
-    @_without_gc
+    @without_gc
     def replan(self, inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
                target: float = 0.0, search: bool = False) -> Result:
         """Re-plan from `prev` (per flow: candidate index, -1 where the old path is no longer
