@@ -245,6 +245,8 @@ def test_a_link_incident_replans_with_the_garbage_collector_paused(monkeypatch):
                                     "confidence": 0.9}]})
     p.tick(2.0)
     assert seen == [False] and gc.isenabled()
+    p.propose(3.0, "c4 plan")  # a plan asked for (c4 plan, periodic): its build too
+    assert seen == [False, False] and gc.isenabled()
 
 
 def test_the_stall_of_an_applied_plan_does_not_trigger_the_next_one():
