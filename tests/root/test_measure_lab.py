@@ -6,25 +6,14 @@ spine from under each leaf do (aggregator/diagnosis/probes.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
-
 import pytest
 
-from c4.lab import control, faults, runs
+from c4.lab import faults, runs
 from c4.lab.state import LabState
 
-from ._lab import new_prefix, wait_named
+from ._lab import wait_named
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture
-def lab() -> Iterator[LabState]:
-    prefix = new_prefix()
-    try:
-        yield control.up(None, prefix)
-    finally:
-        control.down(prefix)
 
 
 def down_pairs(st: LabState, rid: str) -> dict[str, set[tuple[str, str]]]:

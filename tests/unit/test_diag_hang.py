@@ -26,6 +26,24 @@ def host_of(r: int) -> str:
     return f"h{r // GPUS}"
 
 
+def comm_summary(comm: str, job: str, nranks: int, gpus: int, r: int, started: int,
+                 completed: int, ops: int = 0, age: float | None = None) -> dict[str, Any]:
+    """Rank r's summary as the plugin sends it: `ops` AllReduces completed this interval, the
+    oldest incomplete op in flight for `age` seconds."""
+    s: dict[str, Any] = {
+        "comm": comm, "rank": r, "nranks": nranks, "seq_started": started,
+        "seq_completed": completed, "pid": 1000 + r, "job": job, "dev": r % gpus,
+        "colls": [], "peers": [], "inflight": None}
+    if ops:
+        s["colls"] = [{"func": "AllReduce", "count": ops, "bytes": ops << 20,
+                       "time_s": 0.02 * ops}]
+    oldest = ordinals.oldest_incomplete(started, completed)
+    if oldest is not None:
+        s["inflight"] = {"seq": oldest, "func": "AllReduce", "age_s": age,
+                         "progress_age_s": age}
+    return s
+
+
 class PluginRing:
     """A ring AllReduce job as the plugin + agent report it, one report per host per second."""
 
@@ -59,18 +77,7 @@ class PluginRing:
     @staticmethod
     def summary(r: int, started: int, completed: int, ops: int = 0,
                 inflight_age: float | None = None) -> dict[str, Any]:
-        s: dict[str, Any] = {
-            "comm": COMM, "rank": r, "nranks": N, "seq_started": started,
-            "seq_completed": completed, "pid": 1000 + r, "job": "j", "dev": r % GPUS,
-            "colls": [], "peers": [], "inflight": None}
-        if ops:
-            s["colls"] = [{"func": "AllReduce", "count": ops, "bytes": ops << 20,
-                           "time_s": 0.02 * ops}]
-        oldest = ordinals.oldest_incomplete(started, completed)
-        if oldest is not None:
-            s["inflight"] = {"seq": oldest, "func": "AllReduce", "age_s": inflight_age,
-                             "progress_age_s": inflight_age}
-        return s
+        return comm_summary(COMM, "j", N, GPUS, r, started, completed, ops, inflight_age)
 
     def healthy(self, seconds: int, ops: int = OPS) -> None:
         for _ in range(seconds):

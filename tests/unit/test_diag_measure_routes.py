@@ -10,44 +10,22 @@ from pathlib import Path
 import zmq
 
 from c4.aggregator.config import AggregatorConfig
-from c4.aggregator.diagnosis.findings import Finding, Suspect
 from c4.aggregator.diagnosis.probes import ROUND_S
 from c4.aggregator.server import Server, build_core
 from c4.core import wire
-from c4.core.topology import Topology
 from c4.core.wire import Frame
 from tests.e2e.procs import free_port, wait_for
-
-
-def fabric() -> Topology:
-    """node000, node001 under leaf00; node002, node003 under leaf01; one spine."""
-    topo = Topology.leaf_spine(4, 1, 2, 1)
-    for i, h in enumerate(topo.hosts.values()):
-        h.nics[0].addr = f"10.0.{i}.1"
-    topo.switches["spine00"].addrs = ["10.9.0.1"]
-    return topo
-
-
-def path_finding() -> Finding:
-    """A lone host pair's loss, named as its path (localise.name)."""
-    return Finding(
-        "comm_slow", "job", "c1",
-        [Suspect("path", "node000/mlx5_0->node002/mlx5_0", None, None, 0.49),
-         Suspect("link", "leaf00-spine00", None, None, 0.49),
-         Suspect("link", "leaf01-spine00", None, None, 0.01)],
-        "loss on one path", {"candidate_links": {
-            "leaf00-spine00": "towards spine00 (the only direction with traffic)",
-            "leaf01-spine00": "towards leaf01 (the only direction with traffic)"}}, 90.0)
+from tests.unit.test_diag_measure_wire import fabric, path_finding
 
 
 def asked(routed: set[str], seconds: int = 20) -> tuple[dict[str, int], int]:
     """(host -> measuring requests it was sent, candidate rounds not asked)."""
-    diag = build_core(AggregatorConfig(), db_path=":memory:", topology=fabric()).diagnosis
+    diag = build_core(AggregatorConfig(), db_path=":memory:", topology=fabric(4)).diagnosis
     diag.use_routes(routed.__contains__)
     out: dict[str, int] = {}
     for t in range(100, 100 + seconds):
         diag.tick(float(t))
-        diag.measuring.resolve(path_finding(), float(t))
+        diag.measuring.resolve(path_finding("node000/mlx5_0->node002/mlx5_0"), float(t))
         for host, _, _ in diag.take_outbox():
             out[host] = out.get(host, 0) + 1
     return out, diag.measuring.unasked
@@ -68,7 +46,7 @@ def test_a_leaf_without_a_routed_host_is_counted_not_sent():
 
 def test_the_server_routes_only_hosts_connected_to_it(tmp_path: Path):
     topo = tmp_path / "topo.json"
-    fabric().save(topo)
+    fabric(4).save(topo)
     cfg = AggregatorConfig(listen=f"tcp://127.0.0.1:{free_port()}", api="127.0.0.1:0",
                            db=tmp_path / "c4.db", insecure=True, topology=str(topo))
     srv = Server(cfg)  # its loop is not running: _drain is called by hand
@@ -87,7 +65,7 @@ def test_the_server_routes_only_hosts_connected_to_it(tmp_path: Path):
             diag = srv.core.diagnosis
             with srv.lock:
                 diag.tick(now)
-                diag.measuring.resolve(path_finding(), now)
+                diag.measuring.resolve(path_finding("node000/mlx5_0->node002/mlx5_0"), now)
                 return {h for h, _ in srv._planner_frames(now)}
 
         connect("node000")

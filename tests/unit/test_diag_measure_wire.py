@@ -12,19 +12,21 @@ from c4.core.wire import Frame
 from c4.core.wire.kinds import validate_body
 
 
-def fabric() -> Topology:
-    topo = Topology.leaf_spine(2, 1, 2, 1)  # node000 under leaf00, node001 under leaf01
+def fabric(hosts: int = 2) -> Topology:
+    """`hosts` hosts split over leaf00 and leaf01 (2: node000 under leaf00, node001 under
+    leaf01), one spine, each with an address (a measuring leg needs the spine's)."""
+    topo = Topology.leaf_spine(hosts, 1, 2, 1)
     for i, h in enumerate(topo.hosts.values()):
         h.nics[0].addr = f"10.0.{i}.1"
     topo.switches["spine00"].addrs = ["10.9.0.1"]
     return topo
 
 
-def path_finding() -> Finding:
+def path_finding(path: str = "node000->node001") -> Finding:
     """What the loss detector says of a ring's lone host pair (localise.name)."""
     return Finding(
         "comm_slow", "job", "c1",
-        [Suspect("path", "node000->node001", None, None, 0.49),
+        [Suspect("path", path, None, None, 0.49),
          Suspect("link", "leaf00-spine00", None, None, 0.49),
          Suspect("link", "leaf01-spine00", None, None, 0.01)],
         "loss on one path", {"candidate_links": {

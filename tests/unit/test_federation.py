@@ -17,12 +17,13 @@ from prometheus_client import generate_latest
 from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.federation import FederationConfig, owner
 from c4.aggregator.server import Server
-from c4.core import keys, ordinals, wire
+from c4.core import keys, wire
 from c4.core.config import ConfigError, build
 from c4.core.keys import ClientKeys
 from c4.core.wire import Frame
 from tests.e2e.procs import free_port, serving, wait_for
 from tests.promtool import check_metrics
+from tests.unit.test_diag_hang import comm_summary
 
 PODS = ("pod-a", "pod-b")
 GPUS = 2
@@ -155,17 +156,7 @@ class Cluster:
 
 def summary(job: str, r: int, started: int, completed: int, ops: int = 0,
             age: float | None = None) -> dict[str, Any]:
-    s: dict[str, Any] = {"comm": COMM, "rank": r, "nranks": N, "seq_started": started,
-                         "seq_completed": completed, "pid": 1000 + r, "job": job, "dev": r % GPUS,
-                         "colls": [], "peers": [], "inflight": None}
-    if ops:
-        s["colls"] = [{"func": "AllReduce", "count": ops, "bytes": ops << 20,
-                       "time_s": 0.02 * ops}]
-    oldest = ordinals.oldest_incomplete(started, completed)
-    if oldest is not None:
-        s["inflight"] = {"seq": oldest, "func": "AllReduce", "age_s": age,
-                         "progress_age_s": age}
-    return s
+    return comm_summary(COMM, job, N, GPUS, r, started, completed, ops, age)
 
 
 def test_a_hung_rank_in_pod_b_is_named_by_the_jobs_owner_in_pod_a(tmp_path: Path) -> None:
