@@ -11,7 +11,7 @@ import uuid
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from c4.core import wire
 from c4.core.wire import Frame, Invalid, Rejected, fast, kinds
@@ -20,6 +20,9 @@ from c4.core.wire.schema import SEQ
 
 from .state import HostRegistry, HostState, SeqState
 from .store import Store
+
+if TYPE_CHECKING:  # federation imports nothing of ingest; only the type is needed here
+    from .federation import Federation
 
 BOOTS_KEPT = 4  # sequence states kept per host (agent restarts)
 # Frame bytes pruned past retention_bytes in steps of this fraction (a delete per step, not
@@ -76,9 +79,9 @@ class Ingest:
         self._before: dict[tuple[str, str], tuple[SeqState, int, int, set[int]]] = {}
         self._batching = False
         self._last_log: dict[str, float] = {}
-        # federation.Federation when [federation] is set: what of a committed frame this
-        # aggregator diagnoses, the rest queued for the job's owner
-        self.federation: Any = None
+        # set when [federation] is: what of a committed frame this aggregator diagnoses, the
+        # rest queued for the job's owner
+        self.federation: Federation | None = None
         self._load_hosts()
 
     def _load_hosts(self) -> None:
