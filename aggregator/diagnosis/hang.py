@@ -1,7 +1,9 @@
 """Hangs: a collective in flight with no progress for longer than the job's own pace allows.
 
 - Ranks that never entered the stalled op (seq behind) or stopped reporting are the culprits:
-  non-communication hang, named by host (each host with culprits is its own finding).
+  non-communication hang, named by host (each host with culprits is its own finding). Ranks
+  whose processes ended are named only once the rest of the job waits on past the time a
+  restart takes to stop every host's processes (no verdict until then).
 - When every rank entered, the connections still in network wait (SendWait, no bytes) are the
   stuck ones, and localise.py names their common NIC, link or path: communication hang.
 Durations come from each host (inflight.progress_age_s) plus the time since that report
@@ -38,6 +40,12 @@ STILL_SPAN = 0.5
 # communicator this long on the aggregator's clock: a restart keeps it, a finished job's
 # memory goes (the aggregator sees thousands of jobs over weeks).
 JOB_MEMORY_S = 3600.0
+# A job that restarts or ends stops its processes host by host, a second or so apart, and each
+# host's report shows its own a report interval later: ranks whose processes ended are named
+# (a crash, the others still waiting on them) only when the rest of the job has not followed
+# them for this many of its report intervals after the first exit seen.
+EXIT_INTERVALS = 3.0
+ENDED = ("X", "Z")  # /proc state the agent reads for a process gone (or a zombie): it exited
 SWEEP_S = 60.0  # how often jobs past their memory are looked for
 
 
@@ -51,6 +59,7 @@ class HangDetector:
         self.pausing: dict[str, tuple[float, set[int]]] = {}  # comm -> pause going on, ranks
         self.named: dict[str, float] = {}  # comm -> last evaluation that named a culprit
         self.job_seen: dict[str, float] = {}  # job -> last evaluation of one of its comms
+        self.exits: dict[str, float] = {}  # comm -> evaluation that first saw a rank's process end
         self.swept = 0.0
 
     def threshold(self, comm: Comm) -> float:
@@ -77,15 +86,27 @@ class HangDetector:
         # busy agent misses one of a live process's datagrams now and then. Its last summary
         # is stale, so it does not say which op the job waits in.
         # A rank whose process its agent saw stopped (T, tcp_flows.owners) is missing too.
+        # Ended: its process exited (its host reports without it, or its agent reads it gone
+        # or a zombie); missing, but no verdict until the rest of the job had the time to exit
+        # too (EXIT_INTERVALS): a restart is no hang.
         live: list[Rank] = []
         missing: list[Rank] = []
         stopped: list[Rank] = []
+        ended: list[Rank] = []
         for r in comm.ranks.values():
-            if r.proc is not None and r.proc[0] in STOPPED and now - r.proc[1] <= stale:
+            state = r.proc[0] if r.proc is not None and now - r.proc[1] <= stale else None
+            if state in STOPPED:
                 stopped.append(r)
-            gone = now - r.seen > stale or self.model.exited(r) or (
+            exited = self.model.exited(r) or state in ENDED
+            if exited:
+                ended.append(r)
+            gone = exited or now - r.seen > stale or (
                 r.inflight is not None and r.listed - r.seen >= FROZEN_INTERVALS * comm.interval)
-            (missing if gone or stopped and stopped[-1] is r else live).append(r)
+            (missing if gone or state in STOPPED else live).append(r)
+        if not ended:
+            self.exits.pop(comm.comm, None)
+        elif now - self.exits.setdefault(comm.comm, now) < EXIT_INTERVALS * comm.interval:
+            return []
         thr = self.threshold(comm)
         # the first collective: ranks start it as they finish loading
         first = max(thr, self.cfg.startup_grace_s)
@@ -133,25 +154,29 @@ class HangDetector:
             ev["early"] = True
             return self._noncomm(comm, early, early, stalled, ev, first)
         culprits = behind + missing or self._blockers(comm, live)
-        if behind and not missing and all(r.inflight is None and r.gpu_fault is None
-                                          for r in behind):
+        if behind and all(r.inflight is None and r.gpu_fault is None for r in behind):
             # alive and idle, not entering the op the others wait in: a checkpoint writer
             # looks exactly like this until it outlasts what the job's checkpoints take,
             # unless the job's checkpoints so far were written by other ranks, or every
             # idle rank neither runs nor writes (a rank whose GPU an Xid named is no
-            # checkpoint writer either: it skips this allowance)
+            # checkpoint writer either: it skips this allowance). Ranks missing meanwhile (a
+            # crash during a checkpoint) are named without the writers inside it.
             idle = {r.rank for r in behind}
             writers, n, same = self.writers.get(comm.job, (set(), 0, True))
-            self.pausing[comm.comm] = (stalled_s, idle)
+            if not missing:
+                self.pausing[comm.comm] = (stalled_s, idle)
             if n >= WRITER_PAUSES and same and not idle <= writers:
                 ev["checkpoint_writers"] = sorted(writers)[:16]
             elif all(_still(r, stalled_s) for r in behind):
                 ev["still_ranks"] = sorted(idle)[:32]
             else:
                 allowance = max(self.cfg.checkpoint_s, self.pause_s.get(comm.job, 0.0))
-                if stalled_s < allowance:
+                if stalled_s >= allowance:
+                    ev["pause_allowance_s"] = round(allowance, 1)
+                elif missing:
+                    culprits = missing
+                else:
                     return []
-                ev["pause_allowance_s"] = round(allowance, 1)
         if culprits:
             return self._noncomm(comm, culprits, missing, stalled, ev, first)
         return [self._comm(comm, live, ev, first)]
@@ -170,6 +195,7 @@ class HangDetector:
     def forget(self, comm: Comm) -> None:
         self.pausing.pop(comm.comm, None)
         self.named.pop(comm.comm, None)
+        self.exits.pop(comm.comm, None)
 
     def expire(self, now: float) -> None:
         """Forget what jobs without a communicator for JOB_MEMORY_S taught."""
