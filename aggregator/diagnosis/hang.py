@@ -88,7 +88,8 @@ class HangDetector:
         # A rank whose process its agent saw stopped (T, tcp_flows.owners) is missing too.
         # Ended: its process exited (its host reports without it, or its agent reads it gone
         # or a zombie); missing, but no verdict until the rest of the job had the time to exit
-        # too (EXIT_INTERVALS): a restart is no hang.
+        # too (EXIT_INTERVALS): a restart is no hang. One whose summaries froze before its
+        # agent dropped it stopped first (SIGSTOP, stuck with its plugin): judged as stopped.
         live: list[Rank] = []
         missing: list[Rank] = []
         stopped: list[Rank] = []
@@ -97,11 +98,12 @@ class HangDetector:
             state = r.proc[0] if r.proc is not None and now - r.proc[1] <= stale else None
             if state in STOPPED:
                 stopped.append(r)
-            exited = self.model.exited(r) or state in ENDED
-            if exited:
+            dropped = self.model.exited(r)  # its host reported without it
+            frozen = r.inflight is not None and \
+                r.listed - r.seen >= FROZEN_INTERVALS * comm.interval
+            if state in ENDED or dropped and not frozen:
                 ended.append(r)
-            gone = exited or now - r.seen > stale or (
-                r.inflight is not None and r.listed - r.seen >= FROZEN_INTERVALS * comm.interval)
+            gone = dropped or frozen or state in ENDED or now - r.seen > stale
             (missing if gone or state in STOPPED else live).append(r)
         if not ended:
             self.exits.pop(comm.comm, None)

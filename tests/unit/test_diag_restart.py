@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from c4.aggregator.diagnosis import hang
-from tests.unit.test_diag_hang import GPUS, N, PluginRing, host_of
+from tests.unit.test_diag_hang import CULPRIT, GPUS, N, PluginRing, host_of, named
 
 WRITER = 0  # on h0: writes the checkpoint while the others wait for it inside a collective
 WRITING = (0.4, 200 << 20)  # its process serialises and writes: CPU s/s, bytes/s
@@ -110,3 +110,22 @@ def test_a_crash_during_a_checkpoint_is_named_once_the_others_keep_waiting():
     assert inc["class"] == "noncomm_hang" and inc["suspects"][0]["id"] == "h2"
     assert inc["evidence"]["missing_ranks"] == crashed and len(crashed) == GPUS
     assert hang.EXIT_INTERVALS <= inc["localised"] - gone <= hang.EXIT_INTERVALS + 1
+
+
+def test_a_stopped_rank_its_agent_drops_is_still_named():
+    """SIGSTOP inside a collective: the agent repeats the frozen summary, then drops it (its
+    stale_intervals) and its host reports without it. That rank stopped before it was dropped:
+    no pause for a restart, the incident is updated at every evaluation (before: none for
+    hang.EXIT_INTERVALS)."""
+    ring = PluginRing(completed=0)
+    ring.healthy(20)
+    ring.hang(8, "frozen")
+    inc = named(ring)
+    k = ring.done
+    for age in range(9, 13):
+        out: dict[int, dict[str, Any] | None] = {
+            r: ring.summary(r, k + 1, k, inflight_age=float(age)) for r in range(N)}
+        out[CULPRIT] = None
+        ring.report(out)
+        (inc,) = ring.diag.incidents()
+        assert inc["updated"] == ring.t - 1.0 and CULPRIT in inc["evidence"]["missing_ranks"]
