@@ -2,7 +2,8 @@
 exit host by host, a second or so apart, and for a report or two the ranks of the hosts that
 exited first are gone while the others still report waiting, here inside a collective that a
 checkpoint writer (rank 0, idle and writing) holds past the hang threshold. A crash, one host's
-processes gone while the rest of the job waits on, is still named."""
+processes gone while the rest of the job waits on, is still named, and so is a stopped rank
+whose agent dropped its frozen summary."""
 from __future__ import annotations
 
 from typing import Any
@@ -56,7 +57,7 @@ def report(ring: PluginRing, summaries: dict[int, dict[str, Any] | None],
     ring.t += 1.0
 
 
-def test_a_restart_during_a_checkpoint_inside_a_collective_is_no_hang():
+def test_a_restart_during_a_checkpoint_inside_a_collective_is_no_hang() -> None:
     """The seed-2 event: h2's processes exit first (its host reports without them), h1's a
     report later, h0's and h3's the one after; the next incarnation is another communicator.
     Before the fix h2 was named ("stopped reporting") and h0 ("never entered": the writer)."""
@@ -75,7 +76,7 @@ def test_a_restart_during_a_checkpoint_inside_a_collective_is_no_hang():
     assert ring.diag.incidents() == []
 
 
-def test_a_killed_job_whose_processes_the_agent_reads_gone_is_no_hang():
+def test_a_killed_job_whose_processes_the_agent_reads_gone_is_no_hang() -> None:
     """Killed, not finalized: the agent repeats each process's last summary (the plugin sent
     no final one), and reads the process gone (`X`) in its owners while its sockets are still
     tracked. h2 is killed first, the other hosts a report later."""
@@ -93,7 +94,7 @@ def test_a_killed_job_whose_processes_the_agent_reads_gone_is_no_hang():
     assert ring.diag.incidents() == []
 
 
-def test_a_crash_during_a_checkpoint_is_named_once_the_others_keep_waiting():
+def test_a_crash_during_a_checkpoint_is_named_once_the_others_keep_waiting() -> None:
     """Only h2's processes exit; every other rank keeps waiting: a crash, named a few report
     intervals after the exit (hang.EXIT_INTERVALS), not at once; alone: the writer, still
     within its checkpoint allowance, is no culprit (before: h0 named with it)."""
@@ -112,7 +113,7 @@ def test_a_crash_during_a_checkpoint_is_named_once_the_others_keep_waiting():
     assert hang.EXIT_INTERVALS <= inc["localised"] - gone <= hang.EXIT_INTERVALS + 1
 
 
-def test_a_stopped_rank_its_agent_drops_is_still_named():
+def test_a_stopped_rank_its_agent_drops_is_still_named() -> None:
     """SIGSTOP inside a collective: the agent repeats the frozen summary, then drops it (its
     stale_intervals) and its host reports without it. That rank stopped before it was dropped:
     no pause for a restart, the incident is updated at every evaluation (before: none for
