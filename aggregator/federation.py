@@ -44,7 +44,7 @@ from .auth import ZapHandler, curve_server
 from .state import HostRegistry
 
 FORWARD_REJECTS = ("malformed", "identity", "not_owner", "unexpected_section",
-                   "unexpected_kind", "bad_frame")
+                   "unexpected_kind", "bad_frame", "too_many_hosts")
 # A host keeps forwarding (an empty summary list at worst) to an owner this long after its last
 # summary of that owner's jobs: the owner must see the host report without a rank whose process
 # ended (model.exited) instead of a rank that merely went quiet.
@@ -77,6 +77,11 @@ class FederationConfig:
     window: int = field(256, "forward frames in flight (sent, not acked) per peer at most")
     resend_after: float = field(5.0, "seconds without an ack before the frames in flight to "
                                 "a peer are sent again")
+    max_peer_hosts: int = field(16384, "distinct host names one peer's forwards may name at a "
+                                "time; a name's place frees after `[diagnosis] host_expire_s` "
+                                "without a forward naming it; past it a forward naming a new "
+                                "host is rejected (`too_many_hosts`): a compromised peer cannot "
+                                "grow this aggregator's diagnosis memory with invented hosts")
 
     @property
     def enabled(self) -> bool:
@@ -102,9 +107,10 @@ class FederationConfig:
                               f"{sorted(names)}")
         if not self.listen.startswith(("tcp://", "ipc://")):
             raise ConfigError(f"{where}.listen: expected a ZeroMQ endpoint, got {self.listen!r}")
-        if self.queue_bytes < 64 << 10 or self.window < 1 or self.resend_after <= 0:
-            raise ConfigError(f"{where}: queue_bytes must be at least 64 KiB, window and "
-                              "resend_after positive")
+        if (self.queue_bytes < 64 << 10 or self.window < 1 or self.resend_after <= 0
+                or self.max_peer_hosts < 1):
+            raise ConfigError(f"{where}: queue_bytes must be at least 64 KiB, window, "
+                              "resend_after and max_peer_hosts positive")
 
 
 def _z85_ok(key: str) -> bool:
@@ -218,7 +224,8 @@ class Federation:
 
     def __init__(self, cfg: FederationConfig, boot: str, keys: tuple[bytes, bytes] | None,
                  max_frame: int, prepare: Callable[[bytes], Frame | Exception],
-                 registry: HostRegistry, log: logging.Logger | None = None) -> None:
+                 registry: HostRegistry, log: logging.Logger | None = None,
+                 host_expire_s: float = 3600.0) -> None:
         self.cfg = cfg
         self.me = cfg.name
         self.boot = boot
@@ -233,6 +240,10 @@ class Federation:
         self.received = 0
         self.duplicates = 0
         self.inbound: dict[str, Inbound] = {}
+        # peer -> host names its accepted forwards named -> when last (monotonic), oldest
+        # first: per peer name, not per boot, so a restart frees no places
+        self.named: dict[str, OrderedDict[str, float]] = {}
+        self.host_expire_s = host_expire_s  # diagnosis forgets a host silent this long
         self.zctx = zmq.Context()
         self.zap: ZapHandler | None = None
         if keys is not None:
@@ -373,7 +384,7 @@ class Federation:
             rid = parts[0].bytes
             who = str(parts[-1].get("User-Id")) if self.zap is not None else None
             try:
-                st, fseq, data = self._stream(parts, who)
+                sender, st, fseq, data = self._stream(parts, who)
             except Rejected as exc:
                 self._reject(exc)
                 continue
@@ -382,7 +393,7 @@ class Federation:
             elif fseq == st.applied + 1:
                 st.applied = fseq
                 try:
-                    good.append(self._check(self.prepare(data)))
+                    good.append(self._admit(sender, self._check(self.prepare(data))))
                     self.received += 1
                 except Rejected as exc:  # consumed: a bad frame must not stall the stream
                     self._reject(exc)
@@ -397,7 +408,7 @@ class Federation:
             except zmq.ZMQError:
                 pass  # the peer resends and is acked again
 
-    def _stream(self, parts: list[Any], who: str | None) -> tuple[Inbound, int, bytes]:
+    def _stream(self, parts: list[Any], who: str | None) -> tuple[str, Inbound, int, bytes]:
         if len(parts) != 3:
             raise Rejected("malformed", f"{len(parts) - 1} parts, expected header and frame")
         try:
@@ -422,7 +433,7 @@ class Federation:
         if floor - 1 > st.applied:  # dropped from its full queue: lost, not awaited
             st.lost += floor - 1 - st.applied
             st.applied = floor - 1
-        return st, fseq, parts[2].bytes
+        return sender, st, fseq, parts[2].bytes
 
     def _key_of(self, name: str) -> str | None:
         for p in self.cfg.peers:
@@ -451,6 +462,22 @@ class Federation:
                                f"{f.body.get('type')!r}", f.to_dict())
         elif f.kind != "hello":
             raise Rejected("unexpected_kind", f"{f.kind!r} is not forwarded", f.to_dict())
+        return f
+
+    def _admit(self, sender: str, f: Frame) -> Frame:
+        """A forward naming a host its peer has not named lately takes one of the peer's
+        `max_peer_hosts` places; names silent for `host_expire_s` free theirs first."""
+        named = self.named.setdefault(sender, OrderedDict())
+        now = time.monotonic()
+        if f.host in named:
+            named.move_to_end(f.host)
+        else:
+            while named and now - next(iter(named.values())) > self.host_expire_s:
+                named.popitem(last=False)
+            if len(named) >= self.cfg.max_peer_hosts:
+                raise Rejected("too_many_hosts", f"peer {sender!r} already names "
+                               f"{len(named)} hosts (max_peer_hosts); not {f.host!r}")
+        named[f.host] = now
         return f
 
     def _reject(self, exc: Rejected) -> None:

@@ -167,7 +167,8 @@ class Server:
         if fcfg.enabled:
             self.federation = Federation(fcfg, self.core.ingest.boot, keys, cfg.max_frame,
                                          self.core.ingest.prepare, self.core.registry,
-                                         logging.getLogger("c4.aggregator.federation"))
+                                         logging.getLogger("c4.aggregator.federation"),
+                                         self.core.diagnosis.cfg.host_expire_s)
             self.core.ingest.federation = self.federation
             self.api.metrics.register(FederationMetrics(self.federation))
         self.httpd = serve(self.api, cfg.api)

@@ -30,6 +30,8 @@ from .tcp import TcpDetector
 
 __all__ = ["Diagnosis", "DiagnosisConfig"]
 
+HOST_SWEEP_S = 60.0  # how often hosts silent past `host_expire_s` are looked for
+
 
 class Diagnosis:
     def __init__(self, db: sqlite3.Connection, cfg: DiagnosisConfig, topology: Any,
@@ -51,6 +53,9 @@ class Diagnosis:
         self.hardware = Hardware(cfg, self.model)
         self.store = Incidents(db, cfg, actions, log)
         self.clock = 0.0
+        self.heard: dict[str, float] = {}  # host -> arrival of its latest frame (any kind)
+        self.swept = 0.0  # the latest look for hosts to forget
+        self.hosts_expired = 0
         self.errors: Counter[str] = Counter()  # frames diagnosis could not use, by reason
 
     @classmethod
@@ -89,6 +94,7 @@ class Diagnosis:
     def observe(self, frame: Frame, now: float) -> None:
         with self.lock:
             now = self._now(now)
+            self.heard[frame.host] = now
             try:
                 if frame.kind == "report":
                     self._report(frame.host, frame.body, now)
@@ -178,6 +184,47 @@ class Diagnosis:
                 self.hang.forget(comm)
             self.hang.expire(now)
             self.prober.forget(now)
+            if now - self.swept >= HOST_SWEEP_S:
+                self.swept = now
+                self._expire_hosts(now)
+
+    def _expire_hosts(self, now: float) -> None:
+        """Forget the per-host state of hosts silent past `host_expire_s` that no open
+        incident and no live communicator still names: diagnosis never forgot a host, so
+        names invented by a peer (or hosts long decommissioned) grew its memory for good."""
+        gone = {h for h, t in self.heard.items() if now - t > self.cfg.host_expire_s}
+        if not gone:
+            return
+        for inc in self.store.open():
+            gone.difference_update(s.get("host") for s in inc.suspects)
+            gone.difference_update(k.partition(":")[2].partition("/")[0] for k in inc.keys
+                                   if k.startswith(("host:", "nic:")))
+        for comm in self.model.comms.values():
+            gone.difference_update(r.host for r in comm.ranks.values())
+        if not gone:
+            return
+        for h in gone:
+            del self.heard[h]
+        self._forget_model_hosts(gone)
+        self.counters.forget_hosts(gone)
+        self.loss.forget_hosts(gone)
+        self.tcp.forget_hosts(gone)
+        self.hardware.forget_hosts(gone)
+        self.hosts_expired += len(gone)
+
+    def _forget_model_hosts(self, hosts: set[str]) -> None:
+        """The model's per-host state (its communicators' ranks expire with them; a topology
+        host's addresses stay, they came from the topology)."""
+        m = self.model
+        for h in hosts:
+            m.hosts.pop(h, None)
+            m.reported.pop(h, None)
+            m.socks.pop(h, None)
+        for key in [k for k in m.pid_socks if k[0] in hosts]:
+            del m.pid_socks[key]
+        fixed = m.topology.hosts if m.topology is not None else {}
+        for addr in [a for a, (h, _) in m.addrs.items() if h in hosts and h not in fixed]:
+            del m.addrs[addr]
 
     # -- queries (API thread) -------------------------------------------------------------
     def incidents(self, state: str | None = None) -> list[dict[str, Any]]:

@@ -36,6 +36,9 @@ class DiagnosisConfig:
         "whatever report interval its agent claims")
     max_comms: int = field(
         50000, "communicators kept at most; a new one beyond this evicts the longest silent")
+    host_expire_s: float = field(
+        3600.0, "a host that sent nothing for this long is forgotten (its NICs, counters, "
+        "flows) unless an open incident or a live communicator names it")
     slow_ratio: float = field(
         1.6, "a connection is slow when its network time per byte is at least this many times "
         "the communicator's baseline ...")
@@ -96,7 +99,7 @@ class DiagnosisConfig:
         if self.checkpoint_s < 0 or self.startup_grace_s < 0:
             raise ConfigError(f"{p}checkpoint_s/startup_grace_s: must be >= 0")
         positive = ("hang_floor_s", "hang_op_factor", "stale_intervals", "comm_expire_intervals",
-                    "comm_expire_max_s", "max_comms",
+                    "comm_expire_max_s", "max_comms", "host_expire_s",
                     "slow_ratio", "slow_z", "straggler_min_wait_s", "straggler_ratio",
                     "counter_ratio", "resolve_hold_s", "event_hold_s", "tcp_retrans_per_mb",
                     "slow_hold_s")

@@ -37,6 +37,10 @@ class Counters:
         for port in section.get("ports", []):
             self.rates[endpoint(host, port["dev"])] = port_rates(port, NAMES, interval)
 
+    def forget_hosts(self, hosts: set[str]) -> None:
+        for nic in [n for n in self.rates if n.partition("/")[0] in hosts]:
+            del self.rates[nic]
+
     def corroborate(self, comm: Comm, cells: Iterable[Cell]) -> dict[str, dict[str, float]]:
         """Counters of the slow cells' ends that stand out against the job's NICs."""
         nics = {r.nic for r in comm.ranks.values() if r.nic in self.rates}

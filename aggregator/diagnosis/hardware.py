@@ -78,6 +78,14 @@ class Hardware:
     def host_back(self, host: str) -> None:
         self.silent.pop(host, None)
 
+    def forget_hosts(self, hosts: set[str]) -> None:
+        for h in hosts:
+            self.silent.pop(h, None)
+        for key in [k for k in self.ports if k[0] in hosts]:
+            del self.ports[key]
+        for ep in [ep for ep, v in self.down.items() if v[0] in hosts]:
+            del self.down[ep]
+
     # -- output -------------------------------------------------------------------------------
     def tick(self, now: float) -> list[Finding]:
         out, self.pending = self.pending, []

@@ -138,6 +138,10 @@ class LossDetector:
         rk = comm.ranks.get(cell.src if key[0] == "tx" else cell.dst)
         return rk is not None and rk.nic == key[1]
 
+    def forget_hosts(self, hosts: set[str]) -> None:
+        for key in [k for k in self.ends if k[1].partition("/")[0] in hosts]:
+            del self.ends[key]
+
     def _sweep(self, now: float) -> None:
         """Drop connections that moved no data for SWEEP_S, or whose communicator ended."""
         self.swept = now

@@ -245,6 +245,22 @@ class TcpDetector:
             if peer is not None and peer[0] != host and job in self.jobs:
                 self.jobs[job].zero.setdefault(peer[0], {})[host] = now
 
+    def forget_hosts(self, hosts: set[str]) -> None:
+        """Hosts silent past `host_expire_s` (Diagnosis): their flow tables, their place
+        in each job (as a sender, and as the peer whose window was closed)."""
+        for h in hosts:
+            self.flows.pop(h, None)
+            for job in self.host_jobs.pop(h, {}):
+                self.model.set_flows(job, h, 0)
+        for tj in self.jobs.values():
+            for h in hosts:
+                self._forget_host(tj, h)
+            for key in [k for k in tj.cells if k[0] in hosts or k[1] in hosts]:
+                del tj.cells[key]
+            for senders in tj.zero.values():
+                for h in hosts & senders.keys():
+                    del senders[h]
+
     @staticmethod
     def _forget_host(tj: TcpJob, host: str) -> None:
         for d in (tj.reported, tj.progress, tj.gaps, tj.owners, tj.zero):

@@ -251,7 +251,8 @@ def test_forwards_from_unknown_keys_and_bad_forwards_from_a_peer_are_rejected_an
                                else None)(c.stats("pod-a")["federation"]["in"]), 5,
                       "the forwards handled")
         assert st["rejected"] == {"malformed": 1, "identity": 1, "not_owner": 1,
-                                  "unexpected_section": 1, "unexpected_kind": 1, "bad_frame": 1}
+                                  "unexpected_section": 1, "unexpected_kind": 1, "bad_frame": 1,
+                                  "too_many_hosts": 0}
         assert st["received"] == 1
         # the one good forward reached diagnosis as from h2; the stranger's (rank 6) never did
         comm = a.core.diagnosis.model.comms[COMM]

@@ -12,10 +12,14 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
 
 from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.federation import Federation, FederationConfig, Peer
+from c4.aggregator.metrics import FederationMetrics
 from c4.aggregator.server import build_core
+from c4.core import wire
 from c4.core.wire import Frame
 from tests.fuzz.targets import BOOTS, PEERS, frames
 
@@ -25,12 +29,12 @@ BOOT = BOOTS[0]
 class Owner:
     """Aggregator "a" of peers a, b, c, and a socket speaking to its federation socket."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, **fed: Any) -> None:
         self.core = build_core(AggregatorConfig(), db_path=":memory:", clock=lambda: 1000.0)
         cfg = FederationConfig(name="a", listen=f"inproc://fed-{id(self)}", peers=[
-            Peer(n, f"ipc://{tmp}/{n}") for n in PEERS])
+            Peer(n, f"ipc://{tmp}/{n}") for n in PEERS], **fed)
         self.fed = Federation(cfg, "f" * 16, None, 1 << 20, self.core.ingest.prepare,
-                              self.core.registry)
+                              self.core.registry, host_expire_s=60.0)
         self.peer = self.fed.zctx.socket(zmq.DEALER)
         self.peer.setsockopt(zmq.LINGER, 0)
         self.peer.connect(cfg.listen)
@@ -133,5 +137,41 @@ def test_the_owner_holds_a_bounded_number_of_unread_forwards(tmp_path: Path) -> 
             held += 1
         limit = o.fed.cfg.queue_bytes // (1 << 20)  # max_frame 1 MiB: 64
         assert limit <= held <= limit + 2, held
+    finally:
+        o.close()
+
+
+def hello_of(host: str) -> bytes:
+    return wire.encode(Frame("hello", host, BOOT, 1, 1.0, {
+        "agent_version": "t", "interval": 1.0, "collectors": {}, "nics": []}))
+
+
+def test_a_peer_names_at_most_max_peer_hosts_hosts(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compromised peer inventing host names: past `max_peer_hosts` names a forward naming
+    a new one is rejected and counted, and never reaches diagnosis; the names it already
+    holds still pass, and a name silent past `host_expire_s` frees its place."""
+    o = Owner(tmp_path, max_peer_hosts=3)
+    try:
+        clock = [100.0]
+        monkeypatch.setattr("c4.aggregator.federation.time.monotonic", lambda: clock[0])
+        names = [f"invented{i}" for i in range(6)]
+        for fseq, host in enumerate(names + ["invented0"], start=1):
+            assert o.send(head(fseq), hello_of(host)) == [{"boot": BOOT, "fseq": fseq}]
+            clock[0] += 1.0
+        assert o.fed.rejected["too_many_hosts"] == 3 and o.fed.received == 4
+        assert [f.host for f in o.applied] == names[:3] + ["invented0"]
+        assert set(o.core.diagnosis.model.hosts) == set(names[:3])
+        assert list(o.fed.named["b"]) == ["invented1", "invented2", "invented0"]
+        # another peer has places of its own
+        assert o.send(head(1, sender="c"), hello_of("other")) == [{"boot": BOOT, "fseq": 1}]
+        assert o.fed.received == 5
+        clock[0] += 61.0  # all of b's names silent past host_expire_s
+        assert o.send(head(8), hello_of("invented5")) == [{"boot": BOOT, "fseq": 8}]
+        assert list(o.fed.named["b"]) == ["invented5"] and o.fed.received == 6
+        registry = CollectorRegistry()
+        registry.register(FederationMetrics(o.fed))
+        scrape = generate_latest(registry).decode()
+        assert 'c4_federation_rejected_total{reason="too_many_hosts"} 3.0' in scrape
     finally:
         o.close()
