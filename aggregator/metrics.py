@@ -57,10 +57,15 @@ class ClusterMetrics:
             if counts is None:
                 counts = _counts(self.db)
             alerts = self.alerts.stats() if self.alerts is not None else {}
+            unasked = self.diagnosis.measuring.unasked if self.diagnosis is not None else 0
         yield from _host_metrics(hosts, now)
         yield from _incident_metrics(counts[0], open_incidents)
         yield from _action_metrics(counts[1])
         yield from _alert_metrics(alerts)
+        yield CounterMetricFamily(
+            "c4_diagnosis_probe_unasked", "Measuring-probe rounds of a path finding's candidate "
+            "link that no host this aggregator routes could measure (counted once a round)",
+            value=unasked)
         if self.host_counters:
             yield from _rdma_metrics([h for h in hosts if h.status == "up"])
 
