@@ -153,6 +153,7 @@ class Agent:
         body: dict[str, Any] = {"interval": interval, "health": {}}
         events = []
         sections: dict[str, Any] = {}
+        raw: dict[str, bytes] = {}  # sections their collector encoded (sent as they are)
         durations: dict[str, float] = {}
         for r in self.runners:
             r.request(now)  # a runner still busy with an earlier call is not asked again
@@ -181,11 +182,13 @@ class Agent:
                 self._check(r.name, sample)
             if sample.section is not None:
                 body[r.name] = sections[r.name] = sample.section
+                if sample.encoded is not None:
+                    raw[r.name] = sample.encoded
             events.extend(sample.events)
         body["health"] = dict(self.health)
         self.snapshot = Snapshot(sections, dict(self.health), durations, self.snapshot.nics)
         body["sender"] = {**self.sender.counters(), "sections_dropped": self.sections_dropped}
-        self.sender.send("report", body)
+        self.sender.send("report", body, raw)
         for ev in events:
             self.sender.send("event", ev.body())
 
@@ -197,7 +200,7 @@ class Agent:
         if sample.section is not None:
             try:
                 SECTIONS[name].check(sample.section, name)
-                size = (sample.size if sample.size is not None  # not encoded twice
+                size = (len(sample.encoded) if sample.encoded is not None  # not encoded twice
                         else len(msgpack.packb(sample.section)))
                 if size > self.cfg.max_frame // 2:
                     reason = f"section of {size} bytes is over half of max_frame"

@@ -16,7 +16,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import zmq
 
@@ -121,16 +121,18 @@ class Sender:
         return self._sock
 
     # -- sending --------------------------------------------------------------------------
-    def send(self, kind: str, body: dict[str, Any]) -> int | None:
+    def send(self, kind: str, body: dict[str, Any],
+             raw: Mapping[str, bytes] | None = None) -> int | None:
         """Queue a frame for delivery; returns its seq, or None if our own body was invalid
-        (a bug worth a log line, never worth crashing the agent)."""
+        (a bug worth a log line, never worth crashing the agent). `raw`: sections of `body`
+        already encoded (wire.encode)."""
         seq = self._seq + 1
         frame = Frame(kind, self.host, self.boot, seq, self.clock(), body, floor=self._floor(seq))
         # Validating our own frames catches our bugs before the aggregator does, but costs as
         # much as collecting a big report: the first frame of each kind and every Nth after it.
         n = self.stats.by_kind.get(kind, 0)
         try:
-            data = wire.encode(frame, validate=n % self.validate_every == 0)
+            data = wire.encode(frame, validate=n % self.validate_every == 0, raw=raw)
         except wire.Invalid as exc:
             self.stats.dropped_invalid += 1
             self.log.error("not sending an invalid %s frame: %s", kind, exc)

@@ -59,7 +59,9 @@ class Event:
 class Sample:
     section: Any = None  # report.body[<collector name>]; None: nothing this interval
     events: list[Event] = field(default_factory=list)
-    size: int | None = None  # the section's msgpack bytes, if the collector measured them
+    # the section as msgpack, if the collector encoded it (to size it): sent as it is, not
+    # encoded again (wire.encode's `raw`)
+    encoded: bytes | None = None
 
 
 class Collector(ABC):

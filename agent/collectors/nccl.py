@@ -175,16 +175,18 @@ class NcclCollector(Collector):
             self._datagram(data, flags, pid, now)
         self._expire(now)
         comms: list[dict[str, Any]] = []
+        encoded: list[bytes] = []
         size = 0
         for key in sorted(self._comms):
             c = self._comms[key]
             report = self._report(c) if len(comms) < MAX_COMMS else None
             # The report must fit in one frame with the other sections: past the budget a
             # communicator is left out this interval (counted) instead of the whole report.
-            n = len(msgpack.packb(report)) if report is not None else 0
-            if report is not None and size + n <= SECTION_BYTES:
+            data = msgpack.packb(report) if report is not None else b""
+            if report is not None and size + len(data) <= SECTION_BYTES:
                 comms.append(report)
-                size += n
+                encoded.append(data)
+                size += len(data)
             else:
                 self.dropped += 1
             c.colls.clear()
@@ -195,14 +197,16 @@ class NcclCollector(Collector):
         events = list(self._stalls.values())[-MAX_STALLS:]
         self.dropped += len(self._stalls) - len(events)
         self._stalls = {}
-        section = {"comms": [], "malformed": sum(self.malformed.values()),
-                   "dropped": self.dropped, "plugin_unsent": sum(self._drops_seen.values())}
-        # The comms were measured one by one above: the section's size is theirs plus the rest
-        # (an empty array is 1 byte; msgpack's array header is 1, 3 or 5 bytes).
-        head = 1 if len(comms) < 16 else 3 if len(comms) < 1 << 16 else 5
-        size += len(msgpack.packb(section)) - 1 + head
-        section["comms"] = comms
-        return Sample(section, events, size)
+        rest = {"malformed": sum(self.malformed.values()), "dropped": self.dropped,
+                "plugin_unsent": sum(self._drops_seen.values())}
+        # The comms were encoded one by one above: the section's bytes are theirs joined
+        # (the sender sends them as they are), its map the comms first as in `section`.
+        pack = msgpack.Packer()
+        parts = [pack.pack_map_header(1 + len(rest)), pack.pack("comms"),
+                 pack.pack_array_header(len(comms)), *encoded]
+        for k, v in rest.items():
+            parts += (pack.pack(k), pack.pack(v))
+        return Sample({"comms": comms, **rest}, events, b"".join(parts))
 
     def _read(self, sock: socket.socket) -> None:
         """Reader thread: moves datagrams from the socket to the bounded buffer."""

@@ -252,10 +252,11 @@ def test_datagrams_the_plugin_could_not_send_are_reported(collector, send, golde
 
 
 @pytest.mark.parametrize("ncomms", [1, 20])
-def test_the_section_size_is_measured_once_and_exact(collector, send, ncomms):
-    """The agent's size check takes the collector's measure instead of encoding the section
-    again: it must be the encoded size, also past 15 communicators (a longer array header)."""
+def test_the_section_is_encoded_once_and_exactly(collector, send, ncomms):
+    """The agent sends the collector's bytes (its size check and the sender take them instead
+    of encoding the section again): they must be the section's encoding, also past 15
+    communicators (a longer array header)."""
     send(*(dgram.summary([(1, 0, 0, 10)], colls=1, comm=0x100 + i) for i in range(ncomms)))
     sample = collector.collect(NOW)
     assert len(sample.section["comms"]) == ncomms
-    assert sample.size == len(msgpack.packb(sample.section))
+    assert sample.encoded == msgpack.packb(sample.section)

@@ -6,7 +6,7 @@ of truth and the doc's field tables are generated from them (`python -m c4.core.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import msgpack
 
@@ -56,12 +56,27 @@ class Frame:
         return d
 
 
-def encode(frame: Frame, validate: bool = True) -> bytes:
-    """Encode a frame. Validation on the sending side catches our own bugs before a peer does."""
+def encode(frame: Frame, validate: bool = True, raw: Mapping[str, bytes] | None = None) -> bytes:
+    """Encode a frame. Validation on the sending side catches our own bugs before a peer does.
+    `raw`: body sections already encoded (msgpack of `frame.body[key]`, which is still what
+    is validated), spliced in as they are: the bytes are those of encoding the whole frame."""
     if validate:
         kinds.validate_body(frame.kind, frame.body)
-    data: bytes = msgpack.packb(frame.to_dict(), use_bin_type=True)
-    return data
+    d = frame.to_dict()
+    if not raw:
+        data: bytes = msgpack.packb(d, use_bin_type=True)
+        return data
+    pack = msgpack.Packer(use_bin_type=True)
+    out = [pack.pack_map_header(len(d))]
+    for k, v in d.items():
+        out.append(pack.pack(k))
+        if k != "body":
+            out.append(pack.pack(v))
+            continue
+        out.append(pack.pack_map_header(len(v)))
+        for section, value in v.items():
+            out += (pack.pack(section), raw[section] if section in raw else pack.pack(value))
+    return b"".join(out)
 
 
 def decode(data: bytes, max_frame: int = DEFAULT_MAX_FRAME,
