@@ -127,6 +127,12 @@ class SlowWindow:
     def persistent(self, reports: int, hold_s: float) -> bool:
         return self.streak >= reports and self.last_slow - self.since >= hold_s
 
+    def restart(self) -> None:
+        """Forget the reports so far (Model.place, when the connection changed path: what it
+        measured on the old path is no evidence about the new one)."""
+        self.hist = self.streak = 0
+        self.since = self.last_slow = 0.0
+
 
 def ballot(windows: Mapping[Any, SlowWindow], reports: int, hold_s: float,
            doubtful: Callable[[Any], bool], components: Callable[[Any], list[Component] | None],
@@ -152,7 +158,8 @@ def ballot(windows: Mapping[Any, SlowWindow], reports: int, hold_s: float,
 class Cell(SlowWindow):
     """One rank -> peer send connection of a communicator (all channels together)."""
 
-    __slots__ = ("src", "dst", "value", "slow_value", "seen", "path", "comps", "tag", "devs")
+    __slots__ = ("src", "dst", "value", "slow_value", "seen", "path", "comps", "tag", "devs",
+                 "share")
 
     def __init__(self, src: int, dst: int) -> None:
         super().__init__()
@@ -164,8 +171,16 @@ class Cell(SlowWindow):
         self.path: list[str] | None = None
         self.comps: list[Component] = []
         self.tag: tuple[Any, ...] | None = None  # what `path` and `comps` were computed from (place)
-        # log(value / the communicator's baseline) of its recent reports (marginal slowness)
+        # log(value / what the slow detector expects of it) of its recent reports (marginal
+        # slowness)
         self.devs: deque[float] = deque(maxlen=MARGINAL_REPORTS)
+        # log of its load share: the most of the communicator's connections per Gbit/s on a
+        # link of its path, at the last tick (slow.py); None while its path is unknown
+        self.share: float | None = None
+
+    def restart(self) -> None:
+        super().restart()
+        self.devs.clear()
 
 
 class Comm:
@@ -179,6 +194,9 @@ class Comm:
         self.interval = 1.0
         self.period: float | None = None  # seconds per completed collective (update_pace)
         self.baseline: tuple[float, float] | None = None  # (log s/B center, sigma)
+        # where its connections move data at their load shares (slow.py): (log s/B per unit
+        # of share: center, sigma)
+        self.share: tuple[float, float] | None = None
 
     def hosts(self) -> list[str]:
         return sorted({r.host for r in self.ranks.values()})
@@ -334,15 +352,20 @@ class Model:
               socks: tuple[Sock, ...] = ()) -> list[Component]:
         """A connection's components (kept in its `path`, `comps` and `tag`), recomputed
         when its ends, its sockets or their paths change (a learned path is looked up
-        again every LEARNED_REFRESH_S, and at once when C4P's paths change)."""
+        again every LEARNED_REFRESH_S, and at once when C4P's paths change). A connection
+        that left a known path (C4P moved it) restarts its slow history: its reports on
+        the old path would vote against the new one's links."""
         key = (s_host, s_nic, d_host, d_nic, socks, self._paths_fresh() if socks else None)
         tag = conn.tag
         if tag is not None and tag[0] == key and tag[1] is _TOPOLOGY_PATH:
             return conn.comps
         path, static = self.route(s_host, s_nic, d_host, d_nic, socks)
         if tag is None or tag[0] != key or tag[1] != path:
+            moved = tag is not None and conn.path is not None and conn.path != path
             conn.path, conn.comps = self.path_components(s_host, s_nic, d_host, d_nic, path)
             conn.tag = (key, _TOPOLOGY_PATH if static else path)
+            if moved and isinstance(conn, SlowWindow):
+                conn.restart()
         return conn.comps
 
     def route(self, s_host: str, s_nic: str | None, d_host: str, d_nic: str | None,

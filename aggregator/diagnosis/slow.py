@@ -4,10 +4,17 @@ rank -> peer send connection), robust outliers, and localisation of the persiste
 Only the slow hop spends long in SendWait per byte; its victims wait for credit or for the
 GPU (peer_wait_s / gpu_wait_s), which this matrix ignores. Cells are judged on arrival
 against the baseline of the communicator computed at the previous tick (incremental: no
-batch pass over history)."""
+batch pass over history).
+
+A healthy link shared by more of the job's connections gives each a smaller share of it (C4P
+moved them there). Where the job's connections move data at their load share (the most of
+its connections per Gbit/s on a link of their path: their time per byte divided by it spreads
+less than the time per byte itself), each is judged against its share, not the job's
+baseline."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Hashable, Sequence
 
 from . import localise
@@ -16,7 +23,7 @@ from .counters import Counters
 from .findings import Finding, Suspect
 from .model import MARGINAL_REPORTS, Cell, Comm, Model, Rank, ballot
 from .probes import Prober
-from .stats import lower_baseline, median
+from .stats import lower_baseline, median, quantile
 
 FRESH_INTERVALS = 2.5  # a cell's sample counts in the baseline for this many intervals
 # marginal slowness: judged over a cell's last MARGINAL_REPORTS (model.py), from this many on
@@ -37,10 +44,6 @@ class SlowDetector:
         self.mask = (1 << cfg.slow_window) - 1
 
     def on_report(self, comm: Comm, rk: Rank, now: float) -> None:
-        base = comm.baseline
-        thr = None
-        if base is not None:
-            thr = base[0] + max(math.log(self.cfg.slow_ratio), self.cfg.slow_z * base[1])
         for dst, (nbytes, net) in rk.sends.items():
             key = (rk.rank, dst)
             cell = comm.cells.get(key)
@@ -50,10 +53,12 @@ class SlowDetector:
                 continue  # no data this interval: neither slow nor healthy
             cell.value = max(net, 1e-12) / nbytes
             cell.seen = now
-            if thr is None or base is None:
+            if comm.baseline is None:
                 continue
-            cell.devs.append(math.log(cell.value) - base[0])
-            slow = math.log(cell.value) >= thr
+            center, sigma = expected(comm, cell)
+            dev = math.log(cell.value) - center
+            cell.devs.append(dev)
+            slow = dev >= max(math.log(self.cfg.slow_ratio), self.cfg.slow_z * sigma)
             if slow:
                 cell.slow_value = cell.value
             cell.push(slow, now, self.mask)
@@ -65,14 +70,15 @@ class SlowDetector:
             comm.baseline = None
             return []
         comm.baseline = lower_baseline([math.log(c.value) for c in fresh])
+        self._shares(comm, fresh)
         if self.prober is not None:  # slow now, path unknown: traced before it is judged
             self.prober.trace(comm, (c for c in fresh if c.streak), now)
         out = self._marginal(comm, fresh, now)
         # slow in most recent reports, and over a span of slow_hold_s (a burst is shorter)
-        doubt = comm.baseline[0] + 0.5 * math.log(self.cfg.slow_ratio)
+        doubt = 0.5 * math.log(self.cfg.slow_ratio)
         bad, cells = ballot({(c.src, c.dst): c for c in fresh}, self.cfg.slow_persist,
                             self.cfg.slow_hold_s,
-                            lambda k: math.log(comm.cells[k].value) >= doubt,
+                            lambda k: excess(comm, comm.cells[k]) >= doubt,
                             lambda k: self.model.components(comm, comm.cells[k]))
         if not bad:
             return out
@@ -88,6 +94,40 @@ class SlowDetector:
             out.append(self._finding(comm, rest, now))
         return out
 
+    def _shares(self, comm: Comm, fresh: list[Cell]) -> None:
+        """Each fresh cell's load share (Cell.share) from the paths of the communicator's
+        fresh cells, and comm.share where the cells move data at their shares. Placing the
+        cells here also restarts the history of those C4P moved (Model.place) before any is
+        judged."""
+        units: dict[tuple[int, int], list[str]] = {}
+        load: Counter[str] = Counter()
+        for c in fresh:
+            comps = self.model.components(comm, c)
+            u = link_units(comps) if comps is not None else []
+            if u:
+                units[(c.src, c.dst)] = u
+                load.update(u)
+        links = self.model.topology.links if self.model.topology is not None else {}
+        gbps = {u: getattr(links.get(localise.link_name(u)[0]), "gbps", 0.0) for u in load}
+        if not all(g > 0 for g in gbps.values()):  # capacities unknown: counts alone
+            gbps = dict.fromkeys(load, 1.0)
+        known: list[tuple[float, float]] = []  # (log value, log share)
+        for c in fresh:
+            on = units.get((c.src, c.dst))
+            c.share = math.log(max(load[x] / gbps[x] for x in on)) if on else None
+            if c.share is not None:
+                known.append((math.log(c.value), c.share))
+        comm.share = None
+        if len(known) < self.cfg.min_cells:
+            return
+        # The connections move data at their shares (links bound them) or at the job's pace
+        # (their shares do not matter): whichever spreads the middle half of them less (a
+        # lower baseline sees only the fastest quarter, often all on equal shares); equal
+        # shares tie: the baseline.
+        per_share = [v - sh for v, sh in known]
+        if _iqr(per_share) < _iqr([v for v, _ in known]):
+            comm.share = lower_baseline(per_share)
+
     def _pooled(self, comm: Comm, top: localise.Hypothesis,
                 cells: dict[Hashable, list[localise.Component]],
                 found: list[list[localise.Hypothesis]],
@@ -99,17 +139,16 @@ class SlowDetector:
         comps = {c for k in top.bad for c in cells[k]}
         pool = {k: v for k, v in cells.items() if k not in {b for r in found for b in r[0].bad}}
         bad = set(top.bad)
+        doubt = 0.5 * math.log(self.cfg.slow_ratio)
         for other in self.model.comms.values():
-            base = other.baseline
-            if other is comm or base is None:
+            if other is comm or other.baseline is None:
                 continue
-            doubt = base[0] + 0.5 * math.log(self.cfg.slow_ratio)
             window = FRESH_INTERVALS * other.interval
             for c in other.cells.values():
                 if now - c.seen > window:
                     continue
                 slow = c.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)
-                if not slow and (c.streak or math.log(c.value) >= doubt):
+                if not slow and (c.streak or excess(other, c) >= doubt):
                     continue  # evidence of neither
                 oc = self.model.components(other, c)
                 if oc is None or comps.isdisjoint(oc):
@@ -133,7 +172,6 @@ class SlowDetector:
         or the job's, whichever is larger), and most of its reports are above it (a burst of
         congestion lifts a few reports a lot; a slow NIC lifts all of them a little). Spoken
         only when the vote names a component: an elevated lone connection is not a fault."""
-        sigma = comm.baseline[1] if comm.baseline else 0.0
         meds = {(c.src, c.dst): (median(list(c.devs)), c) for c in fresh
                 if len(c.devs) >= MARGINAL_MIN_REPORTS}
         if len(meds) < self.cfg.min_cells:
@@ -145,7 +183,7 @@ class SlowDetector:
             if c.streak:
                 continue  # slow now: the per-report detector's, evidence of neither here
             devs = list(c.devs)
-            spread = max(sigma, 1.4826 * median([abs(d - med) for d in devs]))
+            spread = max(expected(comm, c)[1], 1.4826 * median([abs(d - med) for d in devs]))
             thr = max(math.log(MARGINAL_MIN_RATIO),
                       MARGINAL_Z * 1.2533 * spread / math.sqrt(len(devs)))
             above = sum(d > center for d in devs) / len(devs)
@@ -169,13 +207,16 @@ class SlowDetector:
         # this job's connections; other jobs' ones (comm, src, dst) only voted (_pooled)
         bad = [k for k in top.bad if k in comm.cells]
         base_gb = math.exp(comm.baseline[0]) * 1e9 if comm.baseline else 0.0
+        # what is expected of them: the job's baseline, or what their load shares predict
+        exp_gb = median([math.exp(expected(comm, comm.cells[k])[0]) * 1e9 for k in bad]) \
+            if comm.baseline else 0.0
         if marginal is not None:
             ratio = math.exp(median([median(list(comm.cells[k].devs)) for k in bad]) -
                              marginal)
-            slow_gb = base_gb * ratio
+            slow_gb = exp_gb * ratio
         else:
             slow_gb = median([comm.cells[k].slow_value * 1e9 for k in bad])
-            ratio = slow_gb / base_gb if base_gb else 0.0
+            ratio = slow_gb / exp_gb if exp_gb else 0.0
         suspects, named, aliases = localise.name(top, nic_path(comm, bad))
         conns = [f"{k[0]}->{k[1]}" for k in bad[:8]]
         paths = {k: comm.cells[k].path for k in bad}
@@ -190,6 +231,8 @@ class SlowDetector:
             "paths_voting": localise.votes(bad, paths),
             "counters": self.counters.corroborate(comm, [comm.cells[k] for k in bad]),
         }
+        if comm.share is not None:
+            evidence["expected_s_per_gb"] = round(exp_gb, 5)
         if len(bad) < top.n_bad:
             evidence["other_jobs_slow_connections"] = top.n_bad - len(bad)
         what = describe(suspects[0], self.cfg.localise_confidence)
@@ -198,14 +241,44 @@ class SlowDetector:
             reports = min(len(comm.cells[k].devs) for k in bad)
             evidence["marginal_reports"] = reports
             span = f"{ratio:.2f}x (median of their last {reports} reports)"
-        summary = (f"{top.n_bad} connection(s) move data at {span} the job's network time "
-                   f"per byte ({slow_gb:.3f} vs {base_gb:.3f} s/GB); suspect: {what}")
+        against = "the job's network time per byte" if comm.share is None else \
+            "the network time per byte their links' load share predicts"
+        summary = (f"{top.n_bad} connection(s) move data at {span} {against} ({slow_gb:.3f} "
+                   f"vs {exp_gb:.3f} s/GB); suspect: {what}")
         if evidence["counters"]:
             summary += "; NIC counters corroborate"
         first = now - MARGINAL_REPORTS * comm.interval if marginal is not None else \
             min(comm.cells[k].since for k in bad)
         return Finding("comm_slow", comm.job, comm.comm, suspects, summary, evidence, first,
                        matrix=matrix(comm, bad), aliases=aliases)
+
+
+def _iqr(xs: list[float]) -> float:
+    s = sorted(xs)
+    return quantile(s, 0.75) - quantile(s, 0.25)
+
+
+def expected(comm: Comm, cell: Cell) -> tuple[float, float]:
+    """(log s/B expected of the cell's reports, their sigma about it): the job's baseline, or
+    where its connections move data at their load shares, what the cell's share gives."""
+    assert comm.baseline is not None
+    if comm.share is None or cell.share is None:
+        return comm.baseline
+    return comm.share[0] + cell.share, comm.share[1]
+
+
+def excess(comm: Comm, cell: Cell) -> float:
+    """log(the cell's last value / what is expected of it)."""
+    return math.log(cell.value) - expected(comm, cell)[0]
+
+
+def link_units(comps: list[localise.Component]) -> list[str]:
+    """The links of a connection's path that carry its load: each cable in the direction it
+    takes (either, where the direction is unknown)."""
+    links = [c[1] for c in comps
+             if c[0] == "link" and c[3] in (localise.PRIO_FABRIC, localise.PRIO_ACCESS)]
+    one_way = {localise.link_name(lk)[0] for lk in links if localise.link_name(lk)[1]}
+    return [lk for lk in links if localise.link_name(lk)[1] or lk not in one_way]
 
 
 def describe(top: Suspect, confidence: float) -> str:
