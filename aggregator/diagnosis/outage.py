@@ -49,7 +49,7 @@ from c4.core.topology import endpoint
 from . import localise
 from .config import DiagnosisConfig
 from .counters import port_rates
-from .findings import Finding
+from .findings import Finding, Suspect
 from .model import Cell, Comm, Model, Rank, bare_addr
 from .slow import describe, nic_path
 
@@ -203,11 +203,81 @@ class OutageDetector:
         link = topo.links.get(localise.link_name(top.id)[0]) \
             if top is not None and top.kind == "link" and topo is not None else None
         if top is None or link is None or link.kind != "fabric" or \
-                top.posterior < self.cfg.localise_confidence or \
-                len({host[k] for k in top.bad}) < MIN_HOSTS or \
-                not _per_connection(top, host, covers):
-            return []  # NICs alone: the two ends of the same paths (measured: the wrong one)
-        return [self._finding(top, covers, host, beats)]
+                len({host[k] for k in top.bad}) < MIN_HOSTS:
+            return []
+        if top.posterior >= self.cfg.localise_confidence and _per_connection(top, host, covers):
+            return [self._finding(top, covers, host, beats)]
+        # NICs alone: the two ends of the same paths (measured: the wrong one); a blackhole
+        # is told apart by the way its connections cross it
+        return self._blackhole(ranked, link.id, bad, host, covers, beats)
+
+    def _blackhole(self, ranked: list[localise.Hypothesis], top: str, bad: set[Hashable],
+                   host: dict[Hashable, str], covers: dict[Hashable, list[Conn]],
+                   beats: dict[str, int]) -> list[Finding]:
+        """The fabric link of a tie between the two ends of the same paths that the stuck
+        connections' data enters its leaf by. A link that fails is dropped at once by its two
+        ends (carrier loss is local): what its own leaf sends is rerouted, what the other
+        leaves still hash onto its spine for its leaf is blackholed until the routes are
+        withdrawn. Only with a stuck connection (progress stopped: not loss, which may be
+        one-way up), when most connections' evidence enters one leaf by one link, and with
+        flows of MIN_HOSTS hosts among them that retransmit: the data itself was lost
+        (measured: connections stuck waiting for their acks, whose flows did not retransmit,
+        entered the far leaf of a down link)."""
+        topo = self.model.topology
+        keys = [k for k in bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
+        if topo is None or not any(k[0] == "conn" for k in keys):
+            return []
+        into: dict[str, list[tuple[Any, ...]]] = {}
+        for k in keys:
+            ends = {self._into_leaf(cell) for _, cell in covers[k]}
+            if len(ends) == 1 and None not in ends:
+                into.setdefault(str(ends.pop()), []).append(k)
+        best = max(into, key=lambda c: len(into[c]), default=None)
+        if best is None or 3 * len(into[best]) < 2 * len(keys) or \
+                len({host[k] for k in into[best] if k[0] == "flow"}) < MIN_HOSTS:
+            return []
+        common = set.intersection(*({localise.link_name(c[1])[0] for _, cell in covers[k]
+                                     for c in cell.comps
+                                     if c[0] == "link" and c[3] == localise.PRIO_FABRIC}
+                                    for k in into[best]))
+        if top not in common:
+            return []  # the evidence points elsewhere: no tie to break
+        tied: dict[str, localise.Hypothesis] = {}
+        for h in ranked:
+            cable = localise.link_name(h.id)[0]
+            if h.kind == "link" and cable in common:
+                tied.setdefault(cable, h)
+        conf = sum(h.posterior for h in tied.values())
+        if best not in tied or conf < self.cfg.localise_confidence:
+            return []
+        f = self._finding(tied[best], covers, host, beats)
+        lk = topo.links[best]
+        leaf = lk.a if topo.switches[lk.a].tier == "leaf" else lk.b
+        f.suspects = [Suspect("link", best, None, None, conf)] + [
+            Suspect(s.kind, s.id, s.host, s.rank, s.confidence * (1.0 - conf))
+            for s in f.suspects if s.kind != "path" and s.id != best][:3]
+        f.aliases = tuple(a for a in f.aliases if a != f"link:{best}")
+        f.evidence.pop("candidate_links", None)
+        f.evidence["direction"] = f"towards {leaf}"
+        f.evidence["blackhole"] = {"into": leaf, "tied": sorted(tied),
+                                   "connections_into": len(into[best]),
+                                   "connections": len(keys)}
+        f.summary += (f"; {len(into[best])} of {len(keys)} connections' data enters {leaf} "
+                      f"by it, tied with {', '.join(c for c in sorted(tied) if c != best)}: "
+                      "a blackhole drops what other leaves send towards the failed link's leaf")
+        return [f]
+
+    def _into_leaf(self, cell: Cell | FlowCell) -> str | None:
+        """The fabric link (cable) by which a connection's data enters a leaf, if one."""
+        topo = self.model.topology
+        got = set()
+        for c in cell.comps:
+            cable, to = localise.link_name(c[1])
+            sw = topo.switches.get(to) if topo is not None and to else None
+            if c[0] == "link" and c[3] == localise.PRIO_FABRIC and sw is not None and \
+                    sw.tier == "leaf":
+                got.add(cable)
+        return got.pop() if len(got) == 1 else None
 
     def _timed_out(self, rk: Rank, t: float) -> bool:
         nics = [rk.nic] if rk.nic else [n for n in self.beats if n.partition("/")[0] == rk.host]
