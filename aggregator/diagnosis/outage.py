@@ -32,8 +32,12 @@ connections it covers:
 A fabric link is named when it explains bad observations of `MIN_HOSTS` sending hosts with
 the localisation confidence, with per-connection evidence among them (a stuck connection, or
 retransmitting flows of `MIN_HOSTS` hosts): on the lab, NICs alone named the link at the
-other end of the same paths once in four flaps. The window spans several periods of a
-flapping link: its observations stay bad between phases and one incident covers them all.
+other end of the same paths once in four flaps. When the connections' evidence fits both
+ends of the same paths equally (a ring's traffic between two leaves), a blackhole is told
+apart by the way its data crosses the link: a failed link's own leaf reroutes at once, the
+other leaves keep sending to its spine for its leaf, so the link the blackholed data enters
+its leaf by is named (`_blackhole`). The window spans several periods of a flapping link:
+its observations stay bad between phases and one incident covers them all.
 Packet loss that reaches the senders' timers names its link here too: the component the
 loss detector names, one incident.
 A host's own NIC or cable is not reported here (carrier, hw_nic_down name it).
