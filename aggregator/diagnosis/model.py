@@ -159,7 +159,7 @@ class Cell(SlowWindow):
     """One rank -> peer send connection of a communicator (all channels together)."""
 
     __slots__ = ("src", "dst", "value", "slow_value", "seen", "path", "comps", "tag", "devs",
-                 "share")
+                 "share", "units")
 
     def __init__(self, src: int, dst: int) -> None:
         super().__init__()
@@ -177,6 +177,7 @@ class Cell(SlowWindow):
         # log of its load share: the most of the communicator's connections per Gbit/s on a
         # link of its path, at the last tick (slow.py); None while its path is unknown
         self.share: float | None = None
+        self.units: tuple[list[Component], list[str]] | None = None  # (comps, slow.link_units)
 
     def restart(self) -> None:
         super().restart()

@@ -42,6 +42,7 @@ class SlowDetector:
         self.counters = counters
         self.prober = prober
         self.mask = (1 << cfg.slow_window) - 1
+        self.gbps: dict[str, float] = {}  # a load unit's capacity, 0 unknown (the topology's)
 
     def on_report(self, comm: Comm, rk: Rank, now: float) -> None:
         for dst, (nbytes, net) in rk.sends.items():
@@ -99,21 +100,21 @@ class SlowDetector:
         fresh cells, and comm.share where the cells move data at their shares. Placing the
         cells here also restarts the history of those C4P moved (Model.place) before any is
         judged."""
-        units: dict[tuple[int, int], list[str]] = {}
         load: Counter[str] = Counter()
         for c in fresh:
             comps = self.model.components(comm, c)
-            u = link_units(comps) if comps is not None else []
-            if u:
-                units[(c.src, c.dst)] = u
-                load.update(u)
-        links = self.model.topology.links if self.model.topology is not None else {}
-        gbps = {u: getattr(links.get(localise.link_name(u)[0]), "gbps", 0.0) for u in load}
-        if not all(g > 0 for g in gbps.values()):  # capacities unknown: counts alone
+            if comps is None:
+                c.units = None
+            elif c.units is None or c.units[0] is not comps:  # placed anew
+                c.units = (comps, link_units(comps))
+            if c.units:
+                load.update(c.units[1])
+        gbps = {u: self._capacity(u) for u in load}
+        if not all(gbps.values()):  # capacities unknown: counts alone
             gbps = dict.fromkeys(load, 1.0)
         known: list[tuple[float, float]] = []  # (log value, log share)
         for c in fresh:
-            on = units.get((c.src, c.dst))
+            on = c.units[1] if c.units else None
             c.share = math.log(max(load[x] / gbps[x] for x in on)) if on else None
             if c.share is not None:
                 known.append((math.log(c.value), c.share))
@@ -127,6 +128,14 @@ class SlowDetector:
         per_share = [v - sh for v, sh in known]
         if _iqr(per_share) < _iqr([v for v, _ in known]):
             comm.share = lower_baseline(per_share)
+
+    def _capacity(self, unit: str) -> float:
+        got = self.gbps.get(unit)
+        if got is None:
+            topo = self.model.topology
+            lk = topo.links.get(localise.link_name(unit)[0]) if topo is not None else None
+            got = self.gbps[unit] = max(lk.gbps, 0.0) if lk is not None else 0.0
+        return got
 
     def _pooled(self, comm: Comm, top: localise.Hypothesis,
                 cells: dict[Hashable, list[localise.Component]],
