@@ -14,8 +14,10 @@ Pure arithmetic on indices: the caller (service.py) turns topology, path map and
   its best alternative (largest first), relieves what that overloads with moves of displaced
   flows first; then, from the flows' paths again, inserts the displaced flows where the fewest
   others must move to stay at that maximum (in several orders while time is left); undoes
-  every move the final maximum does not need, and, when more than the displaced flows moved,
-  asks a MILP over their neighbourhood for the fewest moves that reach the same maximum.
+  every move the final maximum does not need (single returns, pairs of moved flows back for
+  one other move, a MILP over the moved flows and those in the way of their returns), and,
+  with time left, asks a MILP over their neighbourhood for the fewest moves that reach the
+  same maximum.
 - The engine keeps, between plans, the split of each candidate list into the arcs all its
   paths share and the arcs they differ on (model.Model hands an unchanged endpoint pair the
   same list object), so a re-plan sets up its state with array operations only.
@@ -70,6 +72,8 @@ TAIL = 0.015  # seconds a re-plan keeps after its MILP for taking the answer ove
 BACK = 0.012  # seconds a re-plan keeps for the MILP over its moved flows
 CHECKED = 200  # flows up to which min_moves solves again without HiGHS's presolve
 TRIES = 8  # shuffled orders a re-plan may insert its displaced flows in, time permitting
+SWAP = 0.1  # share of a re-plan's budget for swaps (two moved flows back for one new move)
+PAIRS = 20000  # pairs of moved flows sharing an arc up to which swaps try those first
 BULK = 1000  # moved flows from which restore returns them in array steps
 SETUP = 6e-6  # seconds setting up a MILP takes per candidate path of its free flows (loaded VM)
 
@@ -208,6 +212,8 @@ class _State:
         self.budget = 0
         self.stop = float("inf")  # improve's or insert's deadline: the ejection chains stop at it
         self.frugal = False  # insert's chains try one harmless move first (`_direct`)
+        # moves of flows outside `free` an ejection chain has made and may make (swap's)
+        self.spent, self.allow = 0, sys.maxsize
 
     def place(self, f: int, k: int) -> None:
         d = self.d[f]
@@ -375,7 +381,8 @@ class _State:
         """Bring arc `a` below `limit` by moving flows off it, never leaving another arc at or
         above `limit`: a move that overloads up to two arcs recursively relieves them (an
         ejection chain, `depth` deep, within the shared work `budget`). Moves of flows in
-        `free` are tried first; flows in `busy` are already moving in this chain."""
+        `free` are tried first; flows in `busy` are already moving in this chain; at most
+        `allow` moves of flows outside `free` (`spent` counts them)."""
         inv, load = self.inv, self.load
         while load[a] * inv[a] >= limit:
             if self.frugal and self._direct(a, limit, free, journal, busy):
@@ -386,6 +393,9 @@ class _State:
             for f in flows[:12] if depth < 2 else flows:
                 if time.perf_counter() >= self.stop:
                     return False
+                paid = f not in free
+                if paid and self.spent >= self.allow:
+                    break  # the flows of `free` came first
                 cur = self.assign[f]
                 d = self.d[f]
                 mine = self.var[f][cur]
@@ -404,8 +414,9 @@ class _State:
                     continue
                 tries.sort(key=lambda t: t[0])
                 for n_over, k, over in tries[:4]:
-                    mark = len(journal)
+                    mark, spent = len(journal), self.spent
                     journal.append((f, cur))
+                    self.spent += paid
                     self.lift(f)
                     self.place(f, k)
                     if n_over == 0:
@@ -419,6 +430,7 @@ class _State:
                         moved = True
                         break
                     self._undo(journal, mark)
+                    self.spent = spent
                 if moved:
                     break
             if not moved:
@@ -436,6 +448,8 @@ class _State:
             f not in free, d[f] <= excess, d[f] if d[f] > excess else -d[f], f))
         inv, load = self.inv, self.load
         for f in flows:
+            if f not in free and self.spent >= self.allow:
+                break
             cur = self.assign[f]
             mine = self.var[f][cur]
             for k, p in enumerate(self.var[f]):
@@ -443,6 +457,7 @@ class _State:
                     continue
                 self.budget -= 1
                 if all(b in mine or (load[b] + d[f]) * inv[b] < limit for b in p):
+                    self.spent += f not in free
                     journal.append((f, cur))
                     self.lift(f)
                     self.place(f, k)
@@ -594,6 +609,66 @@ class _State:
             if not self._fit(f, k, limit, free, journal) or \
                     any(g not in free for g, _ in journal[2:]):
                 self._undo(journal, 0)
+
+    def swap(self, prev: Sequence[int], deadline: float) -> None:
+        """Fewer moves at the same maximum where single returns (`restore`) find none: two
+        moved flows (not displaced ones) go back to their previous paths and what that
+        overloads is relieved by ejection chains that move flows that moved anyway and at
+        most one other. Pairs whose paths (previous or present) share an arc first (one move
+        near both is likelier to make room for both; unless there are more than `PAIRS` of
+        them), then the rest; a pair that failed is not tried again, and after each gain the
+        pairs are drawn afresh."""
+        level = self.max_util()
+        limit = level + max(EPS, level * 1e-9)
+        failed: set[tuple[int, int]] = set()
+        gained = True
+        while gained:
+            gained = False
+            moved = self.moved(prev)
+            back = [f for f in moved if prev[f] >= 0]
+            near: dict[int, list[int]] = {}
+            for f in back:
+                for a in {*self.var[f][prev[f]], *self.var[f][self.assign[f]]}:
+                    near.setdefault(a, []).append(f)
+            close = sorted({(g, h) for fs in near.values() for i, g in enumerate(fs)
+                            for h in fs[i + 1:]}) \
+                if sum(len(fs) ** 2 for fs in near.values()) <= 2 * PAIRS else []
+            rest = ((g, h) for i, g in enumerate(back) for h in back[i + 1:])
+            free = set(moved)  # g and h are busy: never moved again in their chains
+            for g, h in chain(close, rest):
+                if time.perf_counter() >= deadline:
+                    return
+                if (g, h) in failed:
+                    continue
+                failed.add((g, h))
+                journal = [(g, self.assign[g]), (h, self.assign[h])]
+                for x in (g, h):
+                    self.lift(x)
+                    self.place(x, prev[x])
+                over = [a for a in {*self.var[g][prev[g]], *self.var[h][prev[h]]}
+                        if self.load[a] * self.inv[a] >= limit]
+                self.budget, self.spent, self.allow, self.stop = 300, 0, 1, deadline
+                ok = all(self._relieve(a, limit, free, journal, 2, {g, h}) for a in over)
+                self.allow, self.stop = sys.maxsize, float("inf")
+                if ok and len(self.moved(prev)) < len(moved):
+                    gained = True
+                    break
+                self._undo(journal, 0)
+
+    def blocking(self, prev: Sequence[int]) -> list[int]:
+        """The flows in the way of moved flows' returns: not moved, on an arc of a moved
+        flow's previous path that its return alone would take above the maximum."""
+        limit = self.max_util() * (1 + 1e-9) + EPS
+        out: set[int] = set()
+        for g in self.moved(prev):
+            k = prev[g]
+            if k < 0:
+                continue
+            mine = self.var[g][self.assign[g]]
+            for a in self.var[g][k]:
+                if a not in mine and (self.load[a] + self.d[g]) * self.inv[a] > limit:
+                    out.update(self.on[a])
+        return sorted(f for f in out if self.assign[f] == prev[f])
 
     def _return_bulk(self, prev: Sequence[int], limit: float) -> None:
         """restore's single returns in array steps, for a plan that moved thousands of flows:
@@ -997,9 +1072,11 @@ class Engine:
         `target` (a re-plan after a failure restores the utilisation the plan had before it;
         a full plan improves further, with large-neighbourhood search when `search`). The
         lower maximum wins, then the fewer moves. Moves the final maximum does not need are
-        undone: single returns, ejection chains among moved flows, a MILP over the moved
-        flows (which of them go back), and with time left one over their neighbourhood. The
-        last plan's state is carried over instead of set up again."""
+        undone: single returns, ejection chains among moved flows, pairs of moved flows back
+        for one other move (`swap`, after pass 1 and with what the passes leave), a MILP
+        over the moved flows (which of them go back) and the flows in the way of their
+        returns, and with time left one over their neighbourhood. The last plan's state is
+        carried over instead of set up again."""
         t0 = time.perf_counter()
         deadline = t0 + max(budget_s, 0.0)
         prev, displaced = _usable(inst, prev)
@@ -1019,6 +1096,9 @@ class Engine:
             # moves and ejection chains miss
             st.fewest_moves(prev, min(time.perf_counter() + BACK, t1 + span * 4 / 9),
                             st.moved(prev))
+        if not search:
+            # then pairs of moved flows back for one new move each (a share of the budget)
+            st.swap(prev, time.perf_counter() + span * SWAP)
         first = {f: st.assign[f] for f in st.moved(prev)}
         # the same level again, each displaced flow where the fewest others must move: with
         # and without trying a harmless move first (each wins on some fabrics), then, when
@@ -1059,9 +1139,18 @@ class Engine:
             st.reassign({f: prev[f] for f in st.moved(prev)})
             st.reassign(first)
             st.restore(prev, end)
+        if not search:
+            st.swap(prev, deadline - BACK)  # with what the passes left
         if len(st.moved(prev)) > len(displaced) and \
                 time.perf_counter() < deadline - BACK / 2:  # setting it up takes ms too
-            st.fewest_moves(prev, deadline, st.moved(prev))  # as above
+            # as above, the flows in the way of returns added when there is time to set
+            # that up (a few ms more; single and paired returns could not move them)
+            free = st.moved(prev)
+            wide = free if search else free + st.blocking(prev)
+            if SETUP * sum(map(len, (st.var[f] for f in wide))) < \
+                    deadline - time.perf_counter() - BACK / 2:
+                free = wide
+            st.fewest_moves(prev, deadline, free)
         if len(st.moved(prev)) > len(displaced) and time.perf_counter() < deadline - 2 * TAIL:
             st.fewest_moves(prev, deadline - TAIL)
         return _result(st, prev, t0)

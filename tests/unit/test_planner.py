@@ -219,6 +219,38 @@ def test_fewest_moves_takes_the_solution_highs_reports_not_the_start_it_was_give
     assert st.max_util() <= 3.4 + 1e-9
 
 
+def test_two_moved_flows_go_back_for_one_other_where_neither_goes_back_alone():
+    # found on a crowded fabric after a failure (seed search, 17 flows): the displaced flows
+    # 3, 4 and 9 placed and improvement moved 1 and 7 as well, 5 moves at 2.6. Neither 1 nor
+    # 7 can go back alone, not even by chains of flows that moved anyway; both can when one
+    # other flow moves: 4 moves, the fewest any placement at 2.6 needs
+    a, b, c = ([(18, 52, 45, 11), (18, 54, 47, 11), (20, 66, 61, 13)], [(26, 33), (28, 35)],
+               [(2, 44, 53, 19), (2, 46, 55, 19), (3, 60, 67, 21)])
+    cand = [[(0, 40, 49, 23), (1, 56, 63, 25), (1, 58, 65, 25)],
+            [(18, 52, 45, 6), (18, 54, 47, 6), (20, 66, 61, 7)],
+            [(4, 40, 49, 16), (4, 42, 51, 16), (5, 56, 63, 17), (5, 58, 65, 17)], a,
+            [(26, 52, 45, 6), (28, 66, 61, 7)], [(22, 30), (24, 31)],
+            [(36, 48, 41, 8), (36, 50, 43, 8), (37, 62, 57, 9), (37, 64, 59, 9)], a,
+            [(0, 40, 49, 16), (0, 42, 51, 16), (1, 56, 63, 17)], c, [(36, 30), (37, 31)],
+            [(2, 44, 53, 38), (2, 46, 55, 38), (3, 60, 67, 39)],
+            [(14, 44, 53, 27), (14, 46, 55, 27), (15, 60, 67, 29)], b,
+            [(10, 44, 53, 27), (10, 46, 55, 27), (12, 60, 67, 29)], [(32, 38), (34, 39)], b]
+    gbps = [15, 50, 37.5, 37.5, 15, 15, 25, 25, 25, 50, 37.5, 25, 37.5, 37.5, 15, 50, 25]
+    inst = solver.Instance(np.full(68, 25e9), np.array(gbps) * 1e9, cand)
+    prev = [1, 1, 2, -1, -1, 1, 1, 2, 0, -1, 1, 1, 0, 0, 1, 1, 0]
+    placed = [1, 2, 2, 0, 1, 1, 1, 0, 0, 2, 1, 1, 0, 0, 1, 1, 0]
+    st = solver.Engine().state(inst)
+    st.place_all(prev)
+    st.reassign({f: k for f, (k, p) in enumerate(zip(placed, prev)) if k != p})
+    assert st.max_util() == pytest.approx(2.6)
+    st.restore(prev, time.perf_counter() + 5.0)
+    assert st.moved(prev) == [1, 3, 4, 7, 9]
+    st.swap(prev, time.perf_counter() + 5.0)
+    assert st.max_util() <= 2.6 + 1e-9
+    assert len(st.moved(prev)) == 4 == solver.min_moves(inst, prev, 2.6)
+    np.testing.assert_allclose(st.loads(), solver.loads(inst, st.assign))
+
+
 def test_a_replan_without_time_for_its_neighbourhood_milp_still_returns_needless_moves():
     # found by a random search: improvement moves 5 flows besides the 2 displaced ones and
     # no single return or ejection chain among the moved flows undoes them; the MILP over
