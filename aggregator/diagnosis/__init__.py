@@ -205,26 +205,12 @@ class Diagnosis:
             return
         for h in gone:
             del self.heard[h]
-        self._forget_model_hosts(gone)
+        self.model.forget_hosts(gone)
         self.counters.forget_hosts(gone)
         self.loss.forget_hosts(gone)
         self.tcp.forget_hosts(gone)
         self.hardware.forget_hosts(gone)
         self.hosts_expired += len(gone)
-
-    def _forget_model_hosts(self, hosts: set[str]) -> None:
-        """The model's per-host state (its communicators' ranks expire with them; a topology
-        host's addresses stay, they came from the topology)."""
-        m = self.model
-        for h in hosts:
-            m.hosts.pop(h, None)
-            m.reported.pop(h, None)
-            m.socks.pop(h, None)
-        for key in [k for k in m.pid_socks if k[0] in hosts]:
-            del m.pid_socks[key]
-        fixed = m.topology.hosts if m.topology is not None else {}
-        for addr in [a for a, (h, _) in m.addrs.items() if h in hosts and h not in fixed]:
-            del m.addrs[addr]
 
     # -- queries (API thread) -------------------------------------------------------------
     def incidents(self, state: str | None = None) -> list[dict[str, Any]]:

@@ -613,6 +613,19 @@ class Model:
             if not self.flows[job]:
                 del self.flows[job]
 
+    def forget_hosts(self, hosts: set[str]) -> None:
+        """The model's per-host state (its communicators' ranks expire with them; a topology
+        host's addresses stay, they came from the topology)."""
+        for h in hosts:
+            self.hosts.pop(h, None)
+            self.reported.pop(h, None)
+            self.socks.pop(h, None)
+        for key in [k for k in self.pid_socks if k[0] in hosts]:
+            del self.pid_socks[key]
+        fixed = self.topology.hosts if self.topology is not None else {}
+        for addr in [a for a, (h, _) in self.addrs.items() if h in hosts and h not in fixed]:
+            del self.addrs[addr]
+
 
 @lru_cache(maxsize=1 << 16)  # a pure function of the few addresses every report repeats
 def bare_addr(addr: str) -> str:
