@@ -40,6 +40,9 @@ class Finding:
     hold_s: float | None = None  # resolution hold-down; None: the configured default
     direct: bool = False  # a device reported it (no inference): localised at once
     aliases: tuple[str, ...] = ()  # keys of components indistinguishable from the top suspect
+    # keys of components named earlier for the same fault, on part of the evidence: their
+    # incidents are this one (incidents.py re-names or merges them)
+    supersedes: tuple[str, ...] = ()
 
     @property
     def top(self) -> Suspect | None:

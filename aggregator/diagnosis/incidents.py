@@ -86,7 +86,8 @@ class Incidents:
         sure = self._sure(f)
         host_key = f"host:{top.host}" if top is not None and top.host else None
         # the component it names, else the same unlocalised symptom, else the same host
-        lookups = ([top.key] if top else []) + [f.scope] + ([host_key] if host_key else [])
+        lookups = ([top.key] if top else []) + list(f.supersedes) + [f.scope] + \
+            ([host_key] if host_key else [])
         inc = None
         for k in lookups:
             iid = self.index.get(k)
@@ -117,11 +118,34 @@ class Incidents:
             keys.discard(f.scope)
         if vague:
             return inc  # a vague guess neither claims components nor votes for the culprit
+        self._absorb(inc, f.supersedes, now)
+        keys -= set(f.supersedes)
         for k in keys - inc.keys:
             inc.keys.add(k)
             self.index[k] = inc.id
         self._localise(inc, f, now)
         return inc
+
+    def _absorb(self, inc: Incident, superseded: tuple[str, ...], now: float) -> None:
+        """Components named earlier on part of this fault's evidence (Finding.supersedes):
+        their keys leave the incident, and another open incident naming one of them is this
+        one (resolved, pointing here)."""
+        for k in superseded:
+            iid = self.index.pop(k, None)
+            inc.keys.discard(k)
+            other = self.mem.get(iid) if iid is not None and iid != inc.id else None
+            if other is None or other.state == "resolved":
+                continue
+            other.state = "resolved"
+            other.resolved = other.updated = now
+            other.evidence["merged_into"] = inc.id
+            other.dirty = True
+            for key in other.keys:
+                if self.index.get(key) == other.id:
+                    del self.index[key]
+            inc.first_symptom = min(inc.first_symptom, other.first_symptom)
+            self.log.warning("incident %d merged into %d: %s explains all its connections",
+                             other.id, inc.id, inc.suspects[0]["id"] if inc.suspects else "-")
 
     def _sure(self, f: Finding) -> bool:
         return f.top is not None and f.top.confidence >= self.cfg.localise_confidence

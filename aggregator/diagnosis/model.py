@@ -198,6 +198,9 @@ class Comm:
         # where its connections move data at their load shares (slow.py): (log s/B per unit
         # of share: center, sigma)
         self.share: tuple[float, float] | None = None
+        # what its slow findings named (slow.py, one fault one incident): incident key ->
+        # (the connections, the component ids that explain them, when)
+        self.slow_named: dict[str, tuple[list[tuple[int, int]], frozenset[str], float]] = {}
 
     def hosts(self) -> list[str]:
         return sorted({r.host for r in self.ranks.values()})

@@ -82,7 +82,7 @@ class SlowDetector:
                             lambda k: excess(comm, comm.cells[k]) >= doubt,
                             lambda k: self.model.components(comm, comm.cells[k]))
         if not bad:
-            return out
+            return [f for f in out if f is not None]
         # every bad key is a cell of comm's (the filter types it)
         values: dict[Hashable, float] = {k: comm.cells[k].slow_value for k in bad
                                          if k in comm.cells}
@@ -93,7 +93,7 @@ class SlowDetector:
             rest = self._pooled(comm, rest[0], cells, found, now) or rest
         if rest:
             out.append(self._finding(comm, rest, now))
-        return out
+        return [f for f in out if f is not None]
 
     def _shares(self, comm: Comm, fresh: list[Cell]) -> None:
         """Each fresh cell's load share (Cell.share) from the paths of the communicator's
@@ -174,7 +174,7 @@ class SlowDetector:
             return None
         return ranked
 
-    def _marginal(self, comm: Comm, fresh: list[Cell], now: float) -> list[Finding]:
+    def _marginal(self, comm: Comm, fresh: list[Cell], now: float) -> list[Finding | None]:
         """Slowness below the per-report threshold (a NIC at 80-90 % of its rate), judged over
         each cell's last MARGINAL_REPORTS reports against the job's other cells: the median
         deviation is MARGINAL_Z standard errors above the job's median cell (its own spread,
@@ -210,8 +210,9 @@ class SlowDetector:
         return [self._finding(comm, ranked, now, center) for ranked in found]
 
     def _finding(self, comm: Comm, ranked: list[localise.Hypothesis], now: float,
-                 marginal: float | None = None) -> Finding:
-        """marginal: the job's median cell deviation, when judged over recent reports."""
+                 marginal: float | None = None) -> Finding | None:
+        """marginal: the job's median cell deviation, when judged over recent reports. None:
+        a component named earlier explains all these connections (one fault)."""
         top = ranked[0]
         # this job's connections; other jobs' ones (comm, src, dst) only voted (_pooled)
         bad = [k for k in top.bad if k in comm.cells]
@@ -227,6 +228,12 @@ class SlowDetector:
             slow_gb = median([comm.cells[k].slow_value * 1e9 for k in bad])
             ratio = slow_gb / exp_gb if exp_gb else 0.0
         suspects, named, aliases = localise.name(top, nic_path(comm, bad))
+        supersedes: tuple[str, ...] = ()
+        if suspects[0].kind != "path" and suspects[0].confidence >= self.cfg.localise_confidence:
+            earlier = self._one_fault(comm, top, bad, suspects[0].key, now)
+            if earlier is None:
+                return None
+            supersedes = earlier
         conns = [f"{k[0]}->{k[1]}" for k in bad[:8]]
         paths = {k: comm.cells[k].path for k in bad}
         evidence: dict[str, Any] = {
@@ -259,7 +266,40 @@ class SlowDetector:
         first = now - MARGINAL_REPORTS * comm.interval if marginal is not None else \
             min(comm.cells[k].since for k in bad)
         return Finding("comm_slow", comm.job, comm.comm, suspects, summary, evidence, first,
-                       matrix=matrix(comm, bad), aliases=aliases)
+                       matrix=matrix(comm, bad), aliases=aliases, supersedes=supersedes)
+
+    def _one_fault(self, comm: Comm, top: localise.Hypothesis, bad: list[tuple[int, int]],
+                   key: str, now: float) -> tuple[str, ...] | None:
+        """One fault, one incident, while its evidence grows: a starved host slows its sends
+        before the acknowledgements of what it receives, and its sends alone may be all a
+        link carries. The keys of components named for this job within `resolve_hold_s` whose
+        connections all pass through this one (the same fault, better named now), or None
+        when one of them explains all of this finding's (and at least as many)."""
+        names = frozenset([f"{top.kind}:{top.id}", *top.aliases])
+        supersedes = []
+        for other, (cells, theirs, at) in list(comm.slow_named.items()):
+            if now - at > self.cfg.resolve_hold_s:
+                del comm.slow_named[other]
+                continue
+            cells = [k for k in cells if k in comm.cells]
+            if other == key or not cells:
+                continue
+            ours, explained = self._through(comm, names, cells), self._through(comm, theirs, bad)
+            if ours and not (explained and len(bad) <= len(cells)):
+                supersedes.append(other)
+                del comm.slow_named[other]
+            elif explained:
+                return None
+        comm.slow_named[key] = (list(bad), names, now)
+        return tuple(supersedes)
+
+    def _through(self, comm: Comm, names: frozenset[str], keys: list[tuple[int, int]]) -> bool:
+        """Whether every one of these connections passes through one of the components."""
+        for k in keys:
+            comps = self.model.components(comm, comm.cells[k]) or ()
+            if names.isdisjoint(f"{c[0]}:{c[1]}" for c in comps):
+                return False
+        return True
 
 
 def _iqr(xs: list[float]) -> float:

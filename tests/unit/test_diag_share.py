@@ -15,7 +15,7 @@ import math
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.replay import Replay
@@ -48,6 +48,8 @@ def leaf(r: int) -> str:
 
 def links(c: Conn, spine: str) -> tuple[str, ...]:
     (s, d) = c
+    if leaf(s) == leaf(d):
+        return (f"{nic(s)}-{leaf(s)}", f"{nic(d)}-{leaf(d)}")
     return (f"{nic(s)}-{leaf(s)}", f"{leaf(s)}-{spine}", f"{leaf(d)}-{spine}",
             f"{nic(d)}-{leaf(d)}")
 
@@ -85,13 +87,18 @@ def port(c: Conn, gen: int) -> int:
 
 
 def run(tmp: Path, phases: list[tuple[float, dict[Conn, str], dict[str, float]]],
-        duration: float = 70.0, seed: int = 1) -> list[dict[str, Any]]:
+        duration: float = 70.0, seed: int = 1,
+        slower: Callable[[int, Conn], float] = lambda t, c: 1.0) -> list[dict[str, Any]]:
     """Record the ring for `duration` s through `phases` (start s, plan, link -> Gbit/s
-    overrides), replay it with the lab aggregator's thresholds; the incidents."""
+    overrides; the first plan's connections are the job's), replay it with the lab
+    aggregator's thresholds; the incidents. `slower`: how
+    many times longer connection c takes per byte at second t than its link share gives (an
+    end host's own slowness)."""
     rng = random.Random(seed)
     rec = tmp / "ring.c4rec"
     t0 = 1.8e9
-    gen = {c: 0 for c in CONNS}
+    conns = list(phases[0][1])
+    gen = {c: 0 for c in conns}
     paths = []
     with record.Writer(rec) as w:
         seq = Counter[str]()
@@ -111,8 +118,8 @@ def run(tmp: Path, phases: list[tuple[float, dict[Conn, str], dict[str, float]]]
         plan: dict[Conn, str] = {}
         for t in range(1, int(duration)):
             now_plan, gbps = [(p, g) for start, p, g in phases if start <= t][-1]
-            moved = {c for c in CONNS if plan and plan[c] != now_plan[c]}
-            for c in CONNS:
+            moved = {c for c in conns if plan and plan[c] != now_plan[c]}
+            for c in conns:
                 if not plan or c in moved:
                     gen[c] += bool(plan)
                     paths.append({"src": nic(c[0]), "dst": nic(c[1]), "proto": "tcp",
@@ -121,7 +128,7 @@ def run(tmp: Path, phases: list[tuple[float, dict[Conn, str], dict[str, float]]]
             plan = now_plan
             rate = rates(plan, gbps)
             for r in range(8):
-                sends = [(c, int(rate[c] * BUSY_S)) for c in CONNS if c[0] == r]
+                sends = [(c, int(rate[c] * BUSY_S / slower(t, c))) for c in conns if c[0] == r]
                 peers = [{"peer": c[1], "channel": i, "dir": "send", "bytes": b, "steps": 8,
                           "net_wait_s": round(BUSY_S * math.exp(rng.gauss(0, NOISE)), 6)}
                          for i, (c, b) in enumerate(sends)]
