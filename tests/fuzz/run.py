@@ -170,6 +170,8 @@ def main() -> int:
               flush=True)
         if r.crashed:
             print(r.tail)
+    if not args.artifacts and not any(art.iterdir()):
+        art.rmdir()  # ours, and nothing crashed
     return 1 if bad else 0
 
 

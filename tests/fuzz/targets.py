@@ -243,7 +243,6 @@ def forwards(records: list[tuple[int, bytes | tuple[int, int, int, int, int], by
 
 def _federation() -> Callable[[bytes], None]:
     import logging
-    import tempfile
 
     import msgpack
     import zmq
@@ -268,9 +267,9 @@ def _federation() -> Callable[[bytes], None]:
 
     # No CURVE (keys None): the ZAP check of a sender's key is test_federation's; here the
     # header's sender is the identity, so every peer name is reachable.
-    away = tempfile.mkdtemp(prefix="c4-fuzz-fed-")
+    # the peers' own sockets are never bound: what is forwarded to them stays queued
     cfg = FederationConfig(name="a", listen="inproc://c4-fuzz-federation", peers=[
-        Peer(n, f"ipc://{away}/{n}") for n in PEERS])
+        Peer(n, f"inproc://c4-fuzz-away-{n}") for n in PEERS])
     fed = Federation(cfg, "ffffffffffffffff", None, 1 << 20, prepare, core.registry)
     peer = fed.zctx.socket(zmq.DEALER)
     peer.setsockopt(zmq.LINGER, 0)
