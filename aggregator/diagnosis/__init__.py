@@ -49,8 +49,8 @@ class Diagnosis:
         self.straggler = StragglerDetector(cfg)
         self.loss = LossDetector(cfg, self.model)
         self.tcp = TcpDetector(cfg, self.model)
-        self.outage = OutageDetector(cfg, self.model)
         self.hardware = Hardware(cfg, self.model)
+        self.outage = OutageDetector(cfg, self.model, self.hardware.carrier_lost)
         self.store = Incidents(db, cfg, actions, log)
         self.clock = 0.0
         self.heard: dict[str, float] = {}  # host -> arrival of its latest frame (any kind)

@@ -19,6 +19,9 @@ class Hardware:
         self.cfg = cfg
         self.model = model
         self.down: dict[str, tuple[str, float, str]] = {}  # NIC endpoint -> (host, since, why)
+        # NIC endpoint -> when it last lost its carrier (down, or a flap): what it sent and
+        # received then timed out because of it (outage.py sets that aside)
+        self.carrier_lost: dict[str, float] = {}
         self.ports: dict[tuple[str, str, int], str] = {}
         self.silent: dict[str, float] = {}  # host -> last seen
         self.pending: list[Finding] = []
@@ -41,6 +44,7 @@ class Hardware:
                            f"port {a['port']} {a['from']} -> {a['to']}", now)
         elif t == "link_flap":
             ep = endpoint(host, a["dev"])
+            self.carrier_lost[ep] = now
             self._direct("hw_link_flap", host, Suspect("nic", ep, host, None, 0.9),
                          f"{ep} port {a['port']} went down {a['count']} time(s) in one interval",
                          {"flaps": a["count"], "port": a["port"]}, now)
@@ -85,6 +89,8 @@ class Hardware:
             del self.ports[key]
         for ep in [ep for ep, v in self.down.items() if v[0] in hosts]:
             del self.down[ep]
+        for ep in [ep for ep in self.carrier_lost if ep.partition("/")[0] in hosts]:
+            del self.carrier_lost[ep]
 
     # -- output -------------------------------------------------------------------------------
     def tick(self, now: float) -> list[Finding]:
@@ -122,8 +128,9 @@ class Hardware:
     def _link(self, host: str, ep: str, down: bool, why: str, now: float) -> None:
         if down:
             self.down.setdefault(ep, (host, now, why))
-        else:
-            self.down.pop(ep, None)
+            self.carrier_lost[ep] = now
+        elif self.down.pop(ep, None) is not None:
+            self.carrier_lost[ep] = now  # down until now
 
     def _direct(self, cls: str, host: str, sus: Suspect, summary: str, ev: dict[str, Any],
                 now: float) -> None:

@@ -40,7 +40,10 @@ its leaf by is named (`_blackhole`). The window spans several periods of a flapp
 its observations stay bad between phases and one incident covers them all.
 Packet loss that reaches the senders' timers names its link here too: the component the
 loss detector names, one incident.
-A host's own NIC or cable is not reported here (carrier, hw_nic_down name it).
+A host's own NIC or cable is not reported here (carrier, hw_nic_down name it), and what
+timed out because of it is no evidence about the fabric: observations of connections into or
+out of a NIC that lost its carrier within the window (down, or a flap) are set aside (a NIC
+down for 1.5 s on the lab named a fabric link beside its own incident).
 """
 from __future__ import annotations
 
@@ -88,9 +91,12 @@ Conn = tuple[Comm | None, Cell | FlowCell]  # a plugin connection or a flow (no 
 
 
 class OutageDetector:
-    def __init__(self, cfg: DiagnosisConfig, model: Model) -> None:
+    def __init__(self, cfg: DiagnosisConfig, model: Model,
+                 carrier_lost: dict[str, float] | None = None) -> None:
         self.cfg = cfg
         self.model = model
+        # NIC endpoint -> when it last lost its carrier (hardware.py's, read only)
+        self.carrier_lost = carrier_lost if carrier_lost is not None else {}
         self.beats: dict[str, deque[float]] = {}  # NIC endpoint -> reports with ACK timeouts
         # comm -> (arrival, rank, peer) of connections in SendWait in a stall message
         self.waits: dict[str, deque[tuple[float, int, int]]] = {}
@@ -197,6 +203,7 @@ class OutageDetector:
                 host[obs] = fk[0]
                 if n:
                     bad.add(obs)
+        self._set_aside(covers, bad, start - PAIR_S)
         if len({host[k] for k in bad}) < MIN_HOSTS:
             return []
         cells = {k: sorted({c for _, cell in conns for c in cell.comps})
@@ -214,6 +221,19 @@ class OutageDetector:
         # NICs alone: the two ends of the same paths (measured: the wrong one); a blackhole
         # is told apart by the way its connections cross it
         return self._blackhole(ranked, link.id, bad, host, covers, beats)
+
+    def _set_aside(self, covers: dict[Hashable, list[Conn]], bad: set[Hashable],
+                   since: float) -> None:
+        """Drop the observations that cover a connection into or out of a NIC that lost its
+        carrier since `since`: its own incident explains their timeouts."""
+        lost = {ep for ep, t in self.carrier_lost.items() if t >= since}
+        if not lost:
+            return
+        for key in [k for k, conns in covers.items()
+                    if any(c[0] == "nic" and c[1] in lost for _, cell in conns
+                           for c in cell.comps)]:
+            del covers[key]
+            bad.discard(key)
 
     def _blackhole(self, ranked: list[localise.Hypothesis], top: str, bad: set[Hashable],
                    host: dict[Hashable, str], covers: dict[Hashable, list[Conn]],

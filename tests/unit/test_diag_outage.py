@@ -101,3 +101,16 @@ def test_stall_messages_without_ack_timeouts_name_no_link(tmp_path: Path) -> Non
     incidents = run(rec, truth)
     assert not any("ACK timeouts" in i["summary"] for i in incidents), incidents
     assert all(t >= 5.0 for t in named_after(incidents, truth).values()), incidents
+
+
+def test_a_nic_that_lost_its_carrier_names_no_fabric_link(tmp_path: Path) -> None:
+    """06-nicdown-node005 (bench/lab run D, docs/benchmarks.md): node005's NIC down for 1.5 s.
+    The connections into and out of it time out, and with one other connection on its leaf
+    they named leaf02-spine01 (0.96) beside the NIC's own incident. They are the NIC's: one
+    incident, naming it."""
+    name = "06-nicdown-node005"
+    rec, truth = unpack(name, tmp_path)
+    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
+    incidents = run(rec, truth)
+    assert [i["suspects"][0]["id"] for i in incidents] == ["node005/mlx5_0"], \
+        [i["summary"] for i in incidents]
