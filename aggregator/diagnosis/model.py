@@ -201,6 +201,8 @@ class Comm:
         # what its slow findings named (slow.py, one fault one incident): incident key ->
         # (the connections, the component ids that explain them, when)
         self.slow_named: dict[str, tuple[list[tuple[int, int]], frozenset[str], float]] = {}
+        # (kind, id) -> (first, last) evaluation of its run of marginal findings (slow.py)
+        self.marginal_runs: dict[tuple[str, str], tuple[float, float]] = {}
 
     def hosts(self) -> list[str]:
         return sorted({r.host for r in self.ranks.values()})

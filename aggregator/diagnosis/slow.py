@@ -31,6 +31,11 @@ MARGINAL_MIN_REPORTS = 10
 MARGINAL_Z = 4.0  # standard errors of the median above the baseline
 MARGINAL_MIN_RATIO = 1.05  # and at least this slow: path-length differences are not faults
 MARGINAL_ABOVE = 0.8  # share of its reports above the job's median cell
+# a component found marginally slow in every evaluation for this many reporting intervals
+# before it is named (a gap of up to 2 intervals continues a run): the 20-report median of
+# two connections crosses the test now and then for a tick or two by chance (2 localised in
+# 20 clean hours, each found in 2 evaluations); a NIC at 90 % stays across it
+MARGINAL_HOLD = 5
 MATRIX_LABELS = 16
 
 
@@ -204,10 +209,17 @@ class SlowDetector:
             if comps is not None:
                 cells[key] = comps
         bad &= set(cells)
-        if not bad:
-            return []
-        found, _ = localise.peel(bad, cells, self.cfg.localise_confidence)
-        return [self._finding(comm, ranked, now, center) for ranked in found]
+        found = localise.peel(bad, cells, self.cfg.localise_confidence)[0] if bad else []
+        runs = comm.marginal_runs
+        for ranked in found:
+            key = (ranked[0].kind, ranked[0].id)
+            first, last = runs.get(key, (now, now))
+            runs[key] = (first if now - last <= 2 * comm.interval else now, now)
+        for key in [k for k, (_, last) in runs.items() if now - last > 2 * comm.interval]:
+            del runs[key]
+        return [self._finding(comm, ranked, now, center) for ranked in found
+                if now - runs[(ranked[0].kind, ranked[0].id)][0] >=
+                MARGINAL_HOLD * comm.interval]
 
     def _finding(self, comm: Comm, ranked: list[localise.Hypothesis], now: float,
                  marginal: float | None = None) -> Finding | None:
