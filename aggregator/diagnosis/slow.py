@@ -31,11 +31,13 @@ MARGINAL_MIN_REPORTS = 10
 MARGINAL_Z = 4.0  # standard errors of the median above the baseline
 MARGINAL_MIN_RATIO = 1.05  # and at least this slow: path-length differences are not faults
 MARGINAL_ABOVE = 0.8  # share of its reports above the job's median cell
-# a component found marginally slow in every evaluation for this many reporting intervals
-# before it is named (a gap of up to 2 intervals continues a run): the 20-report median of
-# two connections crosses the test now and then for a tick or two by chance (2 localised in
-# 20 clean hours, each found in 2 evaluations); a NIC at 90 % stays across it
-MARGINAL_HOLD = 5
+# a component is named once the test has found it over this many reporting intervals (a gap
+# of up to 2 continues a run): the verdict must survive new reports. The 20-report medians
+# of two connections cross the test now and then by chance for one report (2 localised in 20
+# clean hours, each found in 2 evaluations of one report); a slow NIC's stay across (one at
+# 67 % flickered out after 3 evaluations while a connection was slow per report: 3 was too
+# many)
+MARGINAL_HOLD = 2
 MATRIX_LABELS = 16
 
 
