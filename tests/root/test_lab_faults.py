@@ -19,9 +19,13 @@ from ._lab import new_prefix, others_open, wait_named
 pytestmark = pytest.mark.root
 LINK_S = 30.0
 HANG_S = 10.0
-# No issue sets a straggler target; a rank starved to 2% CPU is named 26-33 s after the start of
-# the starvation in this test's CI runs (slow_hold_s of persistence over the ring's ~1.3 s steps).
-STRAGGLER_S = 45.0
+# No issue sets a straggler target. A rank starved to 2% CPU slows every connection it sends
+# or acknowledges on (4-30x), but the lab's connections spread so widely (baseline sigma
+# 0.3-0.9 in log s/B) that no report is judged slow for long: the marginal rule names its
+# host over its connections' last 20 reports, and the starved ring moves too few bytes in some
+# intervals to count. Measured: 19-31 s locally (6 runs, 2026-12-01), 26-33 s and 46.5 s in
+# CI runs.
+STRAGGLER_S = 60.0
 
 
 @pytest.fixture
