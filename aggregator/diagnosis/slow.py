@@ -214,11 +214,11 @@ class SlowDetector:
         found = localise.peel(bad, cells, self.cfg.localise_confidence)[0] if bad else []
         runs = comm.marginal_runs
         for ranked in found:
-            key = (ranked[0].kind, ranked[0].id)
-            first, last = runs.get(key, (now, now))
-            runs[key] = (first if now - last <= 2 * comm.interval else now, now)
-        for key in [k for k, (_, last) in runs.items() if now - last > 2 * comm.interval]:
-            del runs[key]
+            comp = (ranked[0].kind, ranked[0].id)
+            first, last = runs.get(comp, (now, now))
+            runs[comp] = (first if now - last <= 2 * comm.interval else now, now)
+        for comp in [k for k, (_, last) in runs.items() if now - last > 2 * comm.interval]:
+            del runs[comp]
         return [self._finding(comm, ranked, now, center) for ranked in found
                 if now - runs[(ranked[0].kind, ranked[0].id)][0] >=
                 MARGINAL_HOLD * comm.interval]
