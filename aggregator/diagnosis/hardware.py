@@ -96,6 +96,7 @@ class Hardware:
     def tick(self, now: float) -> list[Finding]:
         out, self.pending = self.pending, []
         for ep, (host, since, why) in self.down.items():
+            self.carrier_lost[ep] = now  # still down: still losing what it carried
             out.append(self._finding("hw_nic_down", host, Suspect("nic", ep, host, None, 0.95),
                                      f"NIC {ep} is down ({why})",
                                      {"down_s": round(now - since, 1), "why": why}, since))

@@ -114,3 +114,22 @@ def test_a_nic_that_lost_its_carrier_names_no_fabric_link(tmp_path: Path) -> Non
     incidents = run(rec, truth)
     assert [i["suspects"][0]["id"] for i in incidents] == ["node005/mlx5_0"], \
         [i["summary"] for i in incidents]
+
+
+def test_a_nic_down_longer_than_the_window_still_explains_its_timeouts() -> None:
+    """The outage window is 30 s: a NIC still down after it still loses what it carried, so it
+    stays among the NICs whose connections are set aside (before: only its moment of going
+    down counted, and 30 s later its connections' timeouts were fabric evidence again)."""
+    from c4.aggregator.diagnosis.config import DiagnosisConfig
+    from c4.aggregator.diagnosis.hardware import Hardware
+    from c4.aggregator.diagnosis.model import Model
+
+    hw = Hardware(DiagnosisConfig(), Model(None))
+    up = {"ports": [{"dev": "mlx5_0", "port": 1, "state": "ACTIVE"}]}
+    hw.on_rdma("node005", up, 0.0)
+    hw.on_rdma("node005", {"ports": [{"dev": "mlx5_0", "port": 1, "state": "DOWN"}]}, 1.0)
+    hw.tick(100.0)
+    assert hw.carrier_lost["node005/mlx5_0"] == 100.0
+    hw.on_rdma("node005", up, 101.0)  # back: its last loss is when it came back
+    hw.tick(200.0)
+    assert hw.carrier_lost["node005/mlx5_0"] == 101.0
