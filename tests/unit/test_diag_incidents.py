@@ -170,3 +170,26 @@ def test_memory_keeps_only_recent_resolved_incidents_but_sqlite_keeps_all(db):
     assert len(inc.mem) == 2
     assert inc.get(ids[0])["state"] == "resolved"
     assert len(inc.query("resolved")) == 5
+
+
+def test_a_finding_that_supersedes_renames_or_merges_the_earlier_incidents(db):
+    """Finding.supersedes (slow.py: the same fault, better named on more evidence): the
+    superseded component's own incident is re-named when the finding has none; another open
+    incident on it is resolved, pointing at the one that names the fault now."""
+    inc = make(db, localise_persist=1)
+    link = inc.report(finding(kind="link", sid="leaf03-spine00", host=None), 100)
+    f = finding(t=101)
+    f.supersedes = ("link:leaf03-spine00",)
+    renamed = inc.report(f, 101)
+    assert renamed.id == link.id and renamed.suspects[0]["id"] == "node003"
+    assert "link:leaf03-spine00" not in renamed.keys and renamed.state == "open"
+    # the link is free again: a later fault on it is a new incident
+    again = inc.report(finding(kind="link", sid="leaf03-spine00", host=None, t=102), 102)
+    assert again.id != renamed.id
+    f = finding(t=103)
+    f.supersedes = ("link:leaf03-spine00",)
+    host = inc.report(f, 103)
+    assert host.id == renamed.id
+    merged = inc.get(again.id)
+    assert merged is not None and merged["state"] == "resolved"
+    assert merged["evidence"]["merged_into"] == host.id
