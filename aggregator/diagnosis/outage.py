@@ -92,11 +92,10 @@ Conn = tuple[Comm | None, Cell | FlowCell]  # a plugin connection or a flow (no 
 
 class OutageDetector:
     def __init__(self, cfg: DiagnosisConfig, model: Model,
-                 carrier_lost: dict[str, float] | None = None) -> None:
+                 carrier_lost: dict[str, float]) -> None:
         self.cfg = cfg
         self.model = model
-        # NIC endpoint -> when it last lost its carrier (hardware.py's, read only)
-        self.carrier_lost = carrier_lost if carrier_lost is not None else {}
+        self.carrier_lost = carrier_lost  # NIC endpoint -> its last carrier loss (Hardware's)
         self.beats: dict[str, deque[float]] = {}  # NIC endpoint -> reports with ACK timeouts
         # comm -> (arrival, rank, peer) of connections in SendWait in a stall message
         self.waits: dict[str, deque[tuple[float, int, int]]] = {}

@@ -88,19 +88,18 @@ class SlowDetector:
                             self.cfg.slow_hold_s,
                             lambda k: excess(comm, comm.cells[k]) >= doubt,
                             lambda k: self.model.components(comm, comm.cells[k]))
-        if not bad:
-            return [f for f in out if f is not None]
-        # every bad key is a cell of comm's (the filter types it)
-        values: dict[Hashable, float] = {k: comm.cells[k].slow_value for k in bad
-                                         if k in comm.cells}
-        found, rest = localise.peel(bad, cells, self.cfg.localise_confidence, values,
-                                    self.cfg.slow_ratio)
-        out += [self._finding(comm, ranked, now) for ranked in found]
-        if rest and rest[0].split > 1:
-            rest = self._pooled(comm, rest[0], cells, found, now) or rest
-        if rest:
-            out.append(self._finding(comm, rest, now))
-        return [f for f in out if f is not None]
+        if bad:
+            # every bad key is a cell of comm's (the filter types it)
+            values: dict[Hashable, float] = {k: comm.cells[k].slow_value for k in bad
+                                             if k in comm.cells}
+            found, rest = localise.peel(bad, cells, self.cfg.localise_confidence, values,
+                                        self.cfg.slow_ratio)
+            out += [self._finding(comm, ranked, now) for ranked in found]
+            if rest and rest[0].split > 1:
+                rest = self._pooled(comm, rest[0], cells, found, now) or rest
+            if rest:
+                out.append(self._finding(comm, rest, now))
+        return [f for f in out if f is not None]  # None: one fault, named already
 
     def _shares(self, comm: Comm, fresh: list[Cell]) -> None:
         """Each fresh cell's load share (Cell.share) from the paths of the communicator's
