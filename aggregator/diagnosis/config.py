@@ -74,6 +74,9 @@ class DiagnosisConfig:
     straggler_ratio: float = field(
         3.0, "... and at least this many times longer than the straggler and than the "
         "communicator's median rank")
+    straggler_op_share: float = field(
+        0.15, "or: a straggler's collectives are shorter than every other rank's, and than "
+        "their median by at least this share of it (and `straggler_min_wait_s`)")
     straggler_window: int = field(6, "reports of each rank a straggler is judged over")
     straggler_persist: int = field(
         5, "reports within the window that must show the straggler pattern (almost every op)")
@@ -108,6 +111,8 @@ class DiagnosisConfig:
                 raise ConfigError(f"{p}{name}: must be > 0, got {getattr(self, name)}")
         if self.slow_ratio <= 1 or self.straggler_ratio <= 1:
             raise ConfigError(f"{p}slow_ratio/straggler_ratio: must be > 1")
+        if not 0 < self.straggler_op_share < 1:
+            raise ConfigError(f"{p}straggler_op_share: must be within (0, 1)")
         for name in ("localise_confidence", "silent_confidence"):
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"{p}{name}: must be within (0, 1]")

@@ -97,9 +97,12 @@ class Incidents:
             if k == f.scope and self._confident(cand):
                 continue  # it names something already: this is another fault
             if k == host_key and sure and top is not None and self._confident(cand) and \
-                    CLASS_RANK[cand.cls] == CLASS_RANK[f.cls] and cand.suspects[0]["id"] != top.id:
+                    CLASS_RANK[cand.cls] == CLASS_RANK[f.cls] and cand.suspects[0]["id"] != top.id \
+                    and "host" not in (top.kind, cand.suspects[0]["kind"]):
                 continue  # two named culprits of one tier on a host (a straggler and a slow
-                # NIC): two faults, not a cause and its symptom
+                # NIC): two faults, not a cause and its symptom. The host itself and a rank
+                # or NIC on it are one: a CPU-starved host's rank arrives late and its
+                # connections are slow, named by two detectors in either order
             inc = cand
             break
         if inc is None and not sure:  # a vague sign of a fault already named (a path:
