@@ -73,18 +73,22 @@ FlowKey = tuple[str, str, int, str, int]  # host, saddr, sport, daddr, dport
 
 class FlowCell:
     """A bulk TCP sender (eBPF tcp_flows): when it last moved data, the reports in which it
-    retransmitted, and what its path passes through (its source port's: model.route)."""
+    retransmitted and those in which it moved data without, and what its path passes through
+    (its source port's: model.route)."""
 
-    __slots__ = ("job", "moved", "retrans", "tag", "path", "comps", "src", "dst")
+    __slots__ = ("job", "moved", "retrans", "clean", "tag", "path", "comps", "src", "dst",
+                 "ends")
 
     def __init__(self, job: str | None, now: float) -> None:
         self.job = job
         self.moved = now
         self.retrans: deque[float] = deque(maxlen=FLOW_REPORTS)
+        self.clean: deque[float] = deque(maxlen=FLOW_REPORTS)
         self.tag: tuple[Any, ...] | None = None  # model.route's cache key, as Cell.tag
         self.path: list[str] | None = None
         self.comps: list[localise.Component] = []
-        self.src = self.dst = ""
+        self.src = self.dst = ""  # hosts
+        self.ends = ""  # NIC -> NIC (host -> host where a NIC is unknown), as nic_path names it
 
 
 Conn = tuple[Comm | None, Cell | FlowCell]  # a plugin connection or a flow (no comm)
@@ -128,6 +132,8 @@ class OutageDetector:
                 if fc is None:
                     fc = self.flows[key] = FlowCell(self.model.job_of_flow(host, f), now)
                 fc.moved = now
+                if f["retrans_segs_delta"] < FLOW_RETRANS:
+                    fc.clean.append(now)
             if fc is not None and f["retrans_segs_delta"] >= FLOW_RETRANS:
                 fc.retrans.append(now)
 
@@ -189,6 +195,8 @@ class OutageDetector:
         for fk, n in counts.items():
             most[fk[0]] = max(n, most.get(fk[0], 0))
         anyone = max(most.values(), default=0)  # the most persistent flow's reports
+        # flows that moved data cleanly at the timeouts, in as many reports as a bad one
+        through: set[Hashable] = set()
         for fk, n in counts.items():
             # bad: at the timeouts in MIN_BEATS reports, more than half as many as its host's
             # most persistent flow and more than a quarter as many as any flow's; fewer is a
@@ -202,11 +210,14 @@ class OutageDetector:
                 host[obs] = fk[0]
                 if n:
                     bad.add(obs)
+                elif sum(1 for t in self.flows[fk].clean
+                         if t >= start and _near(times, t)) >= MIN_BEATS:
+                    through.add(obs)
         self._set_aside(covers, bad, start - PAIR_S)
-        if len({host[k] for k in bad}) < MIN_HOSTS:
-            return []
         cells = {k: sorted({c for _, cell in conns for c in cell.comps})
                  for k, conns in covers.items()}
+        if len({host[k] for k in bad}) < MIN_HOSTS:
+            return self._lone(bad, covers, cells, host, beats)
         ranked = localise.rank(bad, cells)
         top = ranked[0] if ranked else None
         topo = self.model.topology
@@ -215,11 +226,34 @@ class OutageDetector:
         if top is None or link is None or link.kind != "fabric" or \
                 len({host[k] for k in top.bad}) < MIN_HOSTS:
             return []
-        if top.posterior >= self.cfg.localise_confidence and _per_connection(top, host, covers):
+        sure = top.posterior >= self.cfg.localise_confidence
+        if sure and _per_connection(top, host, covers, set()):
             return [self._finding(top, covers, host, beats)]
         # NICs alone: the two ends of the same paths (measured: the wrong one); a blackhole
-        # is told apart by the way its connections cross it
-        return self._blackhole(ranked, link.id, bad, host, covers, beats)
+        # is told apart by the way its connections cross it (and says which way it failed),
+        # else by flows that kept moving data through one end at the timeouts
+        return self._blackhole(ranked, link.id, bad, host, covers, beats) or (
+            [self._finding(top, covers, host, beats)]
+            if sure and through and _per_connection(top, host, covers, through) else [])
+
+    def _lone(self, bad: set[Hashable], covers: dict[Hashable, list[Conn]],
+              cells: dict[Hashable, list[localise.Component]], host: dict[Hashable, str],
+              beats: dict[str, int]) -> list[Finding]:
+        """One host's connections time out across a link only they cross: no second host
+        separates the links of their path (lab run E: a flap of leaf03-spine01, which only
+        node005 -> node007 crossed, opened nothing). With its NIC's timeouts and
+        per-connection evidence (a stuck connection, a retransmitting flow) that all joins
+        one NIC pair, the path is named with its candidate links at the confidence the
+        evidence gives (localise.name: split between them, not localised); probes.py's
+        measuring probes may then single one out."""
+        per = [k for k in bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
+        if not per or not any(isinstance(k, tuple) and k[0] == "nic" for k in bad):
+            return []
+        ends = {_ends(m, cell) for k in per for m, cell in covers[k]}
+        ranked = localise.rank(bad, cells)
+        if len(ends) != 1 or None in ends or not ranked or ranked[0].kind != "link":
+            return []
+        return [self._finding(ranked[0], covers, host, beats, ends.pop())]
 
     def _set_aside(self, covers: dict[Hashable, list[Conn]], bad: set[Hashable],
                    since: float) -> None:
@@ -316,13 +350,15 @@ class OutageDetector:
         if peer is None or peer[0] == host:
             return False
         fc.src, fc.dst = host, peer[0]
-        self.model.place(fc, host, self.model.nic_of_netdev(host, self.model.addrs.get(
-            saddr, (host, None))[1]), peer[0], self.model.nic_of_netdev(*peer),
-            ((saddr, fk[2], daddr, fk[4]),))
+        s_nic = self.model.nic_of_netdev(host, self.model.addrs.get(saddr, (host, None))[1])
+        d_nic = self.model.nic_of_netdev(*peer)
+        fc.ends = f"{s_nic or host}->{d_nic or peer[0]}"
+        self.model.place(fc, host, s_nic, peer[0], d_nic, ((saddr, fk[2], daddr, fk[4]),))
         return True
 
     def _finding(self, top: localise.Hypothesis, covers: dict[Hashable, list[Conn]],
-                 host: dict[Hashable, str], beats: dict[str, int]) -> Finding:
+                 host: dict[Hashable, str], beats: dict[str, int],
+                 path: str | None = None) -> Finding:
         comp = next(c for k in top.bad for _, cell in covers[k] for c in cell.comps
                     if (c[0], c[1]) == (top.kind, top.id))
         conns = list({id(c): (m, c) for k in top.bad for m, c in covers[k]
@@ -332,8 +368,8 @@ class OutageDetector:
         job = jobs.most_common(1)[0][0] if jobs else None
         comm = next((m for m, _ in conns if m is not None and m.job == job), None)
         # connections of a communicator are plugin cells (flows have none)
-        path = nic_path(comm, [(c.src, c.dst) for _, c in conns if isinstance(c, Cell)]) \
-            if comm is not None and all(m is comm for m, _ in conns) else None
+        if path is None and comm is not None and all(m is comm for m, _ in conns):
+            path = nic_path(comm, [(c.src, c.dst) for _, c in conns if isinstance(c, Cell)])
         suspects, named, aliases = localise.name(top, path)
         nics = sorted(str(k[1]) for k in top.bad if isinstance(k, tuple) and k[0] == "nic")
         stuck = sorted(f"{k[2]}->{k[3]}" for k in top.bad if isinstance(k, tuple) and k[0] == "conn")
@@ -350,7 +386,8 @@ class OutageDetector:
             "window_s": WINDOW_S,
             **named,
         }
-        summary = (f"{len(hosts)} hosts' connections across one link hit ACK timeouts "
+        across = "one path" if suspects[0].kind == "path" else "one link"
+        summary = (f"{len(hosts)} host(s)' connections across {across} hit ACK timeouts "
                    f"(traffic blackholed or dropped: a link down, flapping or losing packets) "
                    f"in the last {WINDOW_S:.0f}s: {len(nics)} NIC(s) repeatedly, "
                    f"{len(stuck)} connection(s) stuck in stall messages, {len(flows)} TCP "
@@ -366,6 +403,13 @@ class OutageDetector:
                        first, aliases=aliases)
 
 
+def _ends(comm: Comm | None, cell: Cell | FlowCell) -> str | None:
+    """The NIC pair a connection joins, as nic_path names it; None where an end is unknown."""
+    if isinstance(cell, FlowCell):
+        return cell.ends or None
+    return nic_path(comm, [(cell.src, cell.dst)]) if comm is not None else None
+
+
 def _near(times: list[float], t: float) -> bool:
     """Whether an ACK timeout (sorted `times`) was counted within PAIR_S of `t`: a flow's
     retransmits away from every timeout are congestion drops, not an outage."""
@@ -374,18 +418,35 @@ def _near(times: list[float], t: float) -> bool:
 
 
 def _per_connection(top: localise.Hypothesis, host: dict[Hashable, str],
-                    covers: dict[Hashable, list[Conn]]) -> bool:
+                    covers: dict[Hashable, list[Conn]], through: set[Hashable]) -> bool:
     """Whether per-connection evidence alone names the link: a stuck connection or
-    retransmitting flows of MIN_HOSTS hosts, and the top's link the only fabric link every
-    one of them crosses (connections of one leaf pair all cross both ends of their paths:
-    measured, a link down named the far end from those with the NICs' votes)."""
+    retransmitting flows of MIN_HOSTS hosts, and the top's link the only fabric link that
+    every one of them crosses, not counting the directions that flows crossed while moving
+    data cleanly at the timeouts (`through`). Connections of one leaf pair all cross both
+    ends of their paths (measured: a link down named the far end from those with the NICs'
+    votes); a flow from the same leaf through the same spine to another leaf that kept
+    moving data at the outages clears the near end's direction (lab run E: a flap of
+    leaf01-spine00, every bad flow leaf02 -> spine00 -> leaf01, a clean one leaf02 -> spine00
+    -> leaf03; a down leaf00-spine01, bad connections both ways between leaf00 and leaf01,
+    clean flows leaf01 -> spine01 -> leaf02: both named by nothing). A flow clean only
+    between outages (rerouted after a link went down) clears nothing."""
     keys = [k for k in top.bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
     if not any(k[0] == "conn" for k in keys) and \
             len({host[k] for k in keys if k[0] == "flow"}) < MIN_HOSTS:
         return False
-    common: set[str] | None = None
-    for k in keys:
-        links = {localise.link_name(c[1])[0] for _, cell in covers[k] for c in cell.comps
-                 if c[0] == "link" and c[3] == localise.PRIO_FABRIC}
-        common = links if common is None else common & links
-    return common == {localise.link_name(top.id)[0]}
+    crossed = [_fabric(covers[k]) for k in keys]
+
+    def common(cleared: set[str]) -> set[str]:  # the cables every one crosses, not cleared
+        return set.intersection(*({localise.link_name(c)[0] for c in d - cleared}
+                                  for d in crossed))
+
+    # (a flow crossing a lossy link moves data cleanly in some reports: the caller clears
+    # only to break the tie of two path ends, never to unname what the bad ones alone name)
+    return common(set().union(*(_fabric(covers[k]) for k in through))) == \
+        {localise.link_name(top.id)[0]}
+
+
+def _fabric(conns: list[Conn]) -> set[str]:
+    """The directed fabric links (`cable=>switch`) the connections cross."""
+    return {c[1] for _, cell in conns for c in cell.comps
+            if c[0] == "link" and c[3] == localise.PRIO_FABRIC and "=>" in c[1]}
