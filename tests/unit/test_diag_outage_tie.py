@@ -16,7 +16,10 @@ the fault):
 - 05-down-leaf00-spine01: leaf01 -> leaf00 flows and connections blackholed (named from
   them), then, 30 s on, two leaf00 -> leaf01 connections still stuck waiting for acks while
   their flows did not retransmit: they alone named leaf01-spine01 once the tie was broken by
-  the leaf connections enter, before flows were required."""
+  the leaf connections enter, before flows were required;
+- 10-down-leaf02-spine00 (lab run F): leaf03 -> leaf02 connections stuck and flows
+  retransmitting, the belief split between the cable failing both ways (0.55) and into
+  leaf02 (0.43): one cable, but neither reached 0.8 and nothing was named."""
 from __future__ import annotations
 
 import shutil
@@ -54,7 +57,8 @@ def outage_findings(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("name,link,within_s", [
     ("03-down-leaf02-spine01", "leaf02-spine01", 10.0),
     ("04-flap-leaf01-spine01", "leaf01-spine01", 30.0),
-    ("05-down-leaf00-spine01", "leaf00-spine01", 10.0)])
+    ("05-down-leaf00-spine01", "leaf00-spine01", 10.0),
+    ("10-down-leaf02-spine00", "leaf02-spine00", 10.0)])
 def test_a_tie_is_broken_by_the_leaf_the_blackholed_data_enters(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, link: str,
         within_s: float) -> None:
