@@ -109,7 +109,11 @@ class Prober:
 # datagrams per leg and round: ~100/s per leg on average, inside what the agent's token
 # bucket (500/s, all its probes) and a switch's ICMP policer allow
 MEASURE_COUNT = 400
-ROUND_S = 4.0  # a leg is measured again at most this often while its path finding lasts
+ROUND_S = 4.0  # a leg is measured again about this often while its path finding lasts ...
+# ... each gap stretched by 0.75-1.25 in a low-discrepancy sequence: rounds at a fixed period
+# sample a periodic fault at one phase (the lab's 1 s down / 3 s up flap, measured every 4 s,
+# lost 0-5 of 400 per round: its down phases fell between rounds)
+GOLDEN = 0.6180339887
 WINDOW_S = 60.0  # rounds older than this no longer vote
 MIN_ROUNDS = 2  # rounds a leg needs before it votes
 MIN_LOST = 3  # lost datagrams, in at least MIN_ROUNDS rounds, before a leg is lossy ...
@@ -271,6 +275,7 @@ def candidates(topo: Topology, f: Finding) -> dict[str, frozenset[str]]:
 class _Rounds:
     asked: float = -1e18
     pending: bool = False
+    n: int = 0  # rounds asked
     rounds: deque[tuple[float, LegResult]] = field(default_factory=deque)
 
 
@@ -345,8 +350,10 @@ class Measuring:
         for leg in legs:
             st = self.legs.setdefault(leg, _Rounds())
             # an answer lost on the way (agent restarted) holds a leg for 3 rounds at most
-            if now - st.asked >= (3 * ROUND_S if st.pending else ROUND_S):
+            gap = ROUND_S * (0.75 + 0.5 * (st.n * GOLDEN % 1.0))
+            if now - st.asked >= (3 * ROUND_S if st.pending else gap):
                 st.asked = now
+                st.n += 1
                 st.pending = self.measurer.measure(leg, MEASURE_COUNT, now)
         crossed = {leg: leg_links(topo, leg) for leg in legs}
         verdict = self._verdict(cands, crossed)
@@ -459,9 +466,14 @@ class Measuring:
             when = [t for t, r in rs if r.answered < r.sent]
             persistent = len(when) >= MIN_ROUNDS and when[-1] - when[0] >= HOLD_S
             tally[leg] = (len(rs), sent, lost, persistent)
+        def others(leg: Leg) -> float:  # what the other measured legs lose: the background
+            # these agents and switches give (the lab: a healthy leg lost 1 of 400 a round)
+            got = [(t[1], t[2]) for o, t in tally.items() if o != leg and t[0] >= MIN_ROUNDS]
+            return sum(lo for _, lo in got) / max(1, sum(se for se, _ in got))
+
         bad = {leg for leg, (n, sent, lost, persistent) in tally.items()
                if persistent and lost >= MIN_LOST
-               and _poisson_sf(lost, sent * BACKGROUND_LOSS) < P_LOSSY}
+               and _poisson_sf(lost, sent * max(BACKGROUND_LOSS, others(leg))) < P_LOSSY}
         if not bad:
             return dict.fromkeys(crossed)
         # the lossy legs' rate, taken low (its one-sided 95 % bound): a clean leg must have

@@ -60,3 +60,31 @@ def test_probe_frames_out_and_results_in_name_the_link():
     assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf01-spine00")
     assert f.top.confidence >= 0.8
     assert f.evidence["direction"] == "towards leaf01"
+
+
+def test_a_leg_is_lossy_against_what_the_other_legs_lose():
+    """The lab (a flap of leaf03-spine01 measured live, 2026-12-01): the leg across the link
+    lost 0-5 of 400 datagrams a round, the other leg 0-1 a round (answers late on a loaded
+    host). Against the 1e-4 assumed background both legs were lossy, so no candidate fitted
+    and the path stayed a path; against each other, one leg is."""
+    core = build_core(AggregatorConfig(), db_path=":memory:", topology=fabric())
+    diag = core.diagnosis
+    losses = {"node001": [5, 3, 0, 0, 3, 3, 0], "node000": [1, 1, 0, 1, 1, 0]}
+    rounds = {"node000": 0, "node001": 0}
+    seq = 0
+    f = path_finding()
+    for t in range(100, 160):
+        diag.tick(float(t))
+        f = diag.measuring.resolve(path_finding(), float(t))
+        for host, _, body in diag.take_outbox():
+            [p] = validate_body("probe", body)["probes"]
+            lost = losses[host][rounds[host] % len(losses[host])]
+            rounds[host] += 1
+            seq += 1
+            result = validate_body("probe_result", {"probe_id": body["probe_id"], "results": [{
+                "id": p["id"], "sport": p["sports"][0], "hops": [None, "10.9.0.1"],
+                "reached": False, "sent": p["measure"]["count"],
+                "answered": p["measure"]["count"] - lost, "rtt_us": [300, 500, 900]}]})
+            diag.observe(Frame("probe_result", host, "b1", seq, float(t), result), t + 0.5)
+    assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf01-spine00"), f.suspects
+    assert f.evidence["probe"]["signal"] == "loss"
