@@ -17,7 +17,7 @@ from typing import Any
 
 from .config import DiagnosisConfig
 from ..schema import migrate
-from .findings import CLASS_RANK, Finding
+from .findings import CLASS_RANK, Finding, Suspect
 
 _COLS = ("class", "state", "job", "comm", "summary", "suspects", "evidence", "matrix",
          "first_symptom", "detected", "localised", "resolved", "updated", "actions", "keys",
@@ -98,7 +98,7 @@ class Incidents:
                 continue  # it names something already: this is another fault
             if k == host_key and sure and top is not None and self._confident(cand) and \
                     CLASS_RANK[cand.cls] == CLASS_RANK[f.cls] and cand.suspects[0]["id"] != top.id \
-                    and "host" not in (top.kind, cand.suspects[0]["kind"]):
+                    and not _host_and_part(top, cand.suspects[0]):
                 continue  # two named culprits of one tier on a host (a straggler and a slow
                 # NIC): two faults, not a cause and its symptom. The host itself and a rank
                 # or NIC on it are one: a CPU-starved host's rank arrives late and its
@@ -332,6 +332,13 @@ class Incidents:
 
     def open(self) -> list[Incident]:
         return [i for i in self.mem.values() if i.state != "resolved"]
+
+
+def _host_and_part(top: Suspect, other: dict[str, Any]) -> bool:
+    """Whether one names a host and the other that host or a rank or NIC on it (a link
+    incident that holds the host's key from an earlier naming is another fault)."""
+    return "host" in (top.kind, other["kind"]) and top.host is not None and \
+        other.get("host") == top.host
 
 
 def _path_ends(top: Any) -> list[str]:

@@ -103,3 +103,25 @@ def test_a_straggler_and_a_slow_nic_on_its_host_stay_two_incidents(tmp_path: Pat
     inc.report(nic, 1.0)
     b = inc.report(_straggler(2.0), 2.0)
     assert a.id != b.id and len(inc.open()) == 2
+
+
+def test_a_slow_host_and_a_lossy_link_of_one_job_stay_two_incidents(tmp_path: Path) -> None:
+    """tests/e2e/test_sim_replay.py's 2,048 ranks (CI, 2026-12-01): an unlocalised finding of
+    each opened one incident (one symptom per communicator), the lossy link's candidates
+    among its keys; once both were named, the host's finding met the link's incident under
+    the host's key and joined it: node010 was never named. The host-and-part rule is for a
+    host and a rank or NIC on it, not any incident that holds the host's key."""
+    inc = _incidents(tmp_path)
+    comm = "00000000000000aa"
+    path = Finding("comm_slow", "job", comm, [Suspect("path", "node031->node032", None, None,
+                                                      0.46)], "loss on a path",
+                   {"candidate_links": {"leaf01-spine03": "both"}}, 0.0)
+    link = Finding("comm_slow", "job", comm, [Suspect("link", "leaf01-spine03", None, None,
+                                                      1.0)], "lossy link", {}, 0.0)
+    host = _slow_host(0.0)
+    inc.report(path, 0.0)
+    for t in (1.0, 2.0, 3.0):
+        inc.report(host, t)
+        inc.report(link, t)
+    named = sorted(i.suspects[0]["id"] for i in inc.open())
+    assert named == ["leaf01-spine03", "node006"], named
