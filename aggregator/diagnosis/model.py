@@ -159,7 +159,7 @@ class Cell(SlowWindow):
     """One rank -> peer send connection of a communicator (all channels together)."""
 
     __slots__ = ("src", "dst", "value", "slow_value", "seen", "path", "comps", "tag", "devs",
-                 "share", "units")
+                 "share", "units", "first_excess")
 
     def __init__(self, src: int, dst: int) -> None:
         super().__init__()
@@ -178,10 +178,14 @@ class Cell(SlowWindow):
         # link of its path, at the last tick (slow.py); None while its path is unknown
         self.share: float | None = None
         self.units: tuple[list[Component], list[str]] | None = None  # (comps, slow.link_units)
+        # how far its devs' median stood above the job's median cell when it first had enough
+        # of them (slow.py's marginal test measures slowness that arrived since)
+        self.first_excess: float | None = None
 
     def restart(self) -> None:
         super().restart()
         self.devs.clear()
+        self.first_excess = None
 
 
 class Comm:

@@ -195,6 +195,8 @@ class SlowDetector:
         bad: set[Hashable] = set()
         cells: dict[Hashable, list[localise.Component]] = {}
         for key, (med, c) in meds.items():
+            if c.first_excess is None:
+                c.first_excess = med - center
             if c.streak:
                 continue  # slow now: the per-report detector's, evidence of neither here
             devs = list(c.devs)
@@ -202,9 +204,13 @@ class SlowDetector:
             thr = max(math.log(MARGINAL_MIN_RATIO),
                       MARGINAL_Z * 1.2533 * spread / math.sqrt(len(devs)))
             above = sum(d > center for d in devs) / len(devs)
-            if med - center >= thr and above >= MARGINAL_ABOVE:
+            # what arrived since it was first judged: a link the job's own traffic loads most
+            # waits longest from the start (the 16-host lab's ring: its busiest link's
+            # connections 3-4x what their load share predicts, from the first report)
+            excess = med - center - max(0.0, c.first_excess)
+            if excess >= thr and above >= MARGINAL_ABOVE:
                 bad.add(key)
-            elif med - center >= thr / 2:
+            elif excess >= thr / 2:
                 continue  # evidence of neither
             comps = self.model.components(comm, c)
             if comps is not None:
