@@ -41,6 +41,7 @@ class StragglerDetector:
         m_ew = median(list(ew.values()))
         ops = [r.op for r in ranks if r.op is not None]
         m_op = median(ops) if ops else None
+        shortest = self._shortest(ranks)  # (rank, the others' median op time) or None
         out = []
         for r in ranks:
             if not r.fresh:
@@ -49,7 +50,7 @@ class StragglerDetector:
             peers = [ew[p] for p in r.peers if p in ew]
             flag = False
             late_op = None if m_op is None or r.op is None else m_op - r.op
-            short = self._short(r.rank, r.op, ranks)
+            short = shortest[1] if shortest is not None and shortest[0] == r.rank else None
             if short is not None:
                 flag = True
             elif peers:
@@ -67,13 +68,13 @@ class StragglerDetector:
             hits = sum(r.strag)
             if hits < cfg.straggler_persist or not flag:
                 continue
-            pmin = min(peers) if peers else 0.0
+            least = min(peers) if peers else None  # the peers' shortest wait, this report
             conf = 0.5 + 0.5 * hits / len(r.strag)
             if late_op is None:
                 conf *= 0.85
             ev: dict[str, Any] = {
                 "entry_wait_s_per_op": round(r_ew, 5),
-                "peers_min_entry_wait_s_per_op": round(pmin, 5),
+                "peers_min_entry_wait_s_per_op": None if least is None else round(least, 5),
                 "median_entry_wait_s_per_op": round(m_ew, 5),
                 "op_time_s": round(r.op, 5) if r.op is not None else None,
                 "median_op_time_s": round(m_op, 5) if m_op is not None else None,
@@ -85,25 +86,28 @@ class StragglerDetector:
                 summary = (f"rank {r.rank} on {r.host} arrives last: its collectives take "
                            f"{r.op * 1e3:.0f} ms, the other ranks' {short * 1e3:.0f} ms (they "
                            f"wait for it) ({hits}/{len(r.strag)} reports)")
-            else:
+            else:  # flagged by its peers' waits now: it has peers
+                assert least is not None
                 summary = (f"rank {r.rank} on {r.host} arrives last: its {len(peers)} peer(s) "
-                           f"wait {pmin * 1e3:.0f} ms at each collective, it waits "
+                           f"wait {least * 1e3:.0f} ms at each collective, it waits "
                            f"{r_ew * 1e3:.0f} ms ({hits}/{len(r.strag)} reports)")
             out.append(Finding("noncomm_slow", comm.job, comm.comm,
                                [Suspect("rank", str(r.rank), r.host, r.rank, conf)], summary, ev,
                                now - hits * comm.interval))
         return out
 
-    def _short(self, rank: int, op: float | None, ranks: list[Rank]) -> float | None:
-        """The other ranks' median collective time when `rank`'s collectives are the shortest
-        by a clear margin in this report (the collective view above), else None."""
-        others = [r.op for r in ranks if r.rank != rank and r.op is not None]
-        if op is None or len(others) < 3 or op >= min(others):
+    def _shortest(self, ranks: list[Rank]) -> tuple[int, float] | None:
+        """(the rank, the other ranks' median collective time) when one rank's collectives
+        are the shortest by a clear margin in this report (the collective view above), else
+        None. Only the shortest can be: judged once per tick, not per rank (2,048 ranks)."""
+        timed = sorted((r.op, r.rank) for r in ranks if r.op is not None)
+        if len(timed) < 4 or timed[0][0] >= timed[1][0]:
             return None
+        op, rank = timed[0]
+        others = [x for x, _ in timed[1:]]
         m = median(others)
         sigma = 1.4826 * median([abs(x - m) for x in others])
-        gap = m - op
         cfg = self.cfg
-        if gap >= max(cfg.straggler_min_wait_s, cfg.straggler_op_share * m, OP_Z * sigma):
-            return m
+        if m - op >= max(cfg.straggler_min_wait_s, cfg.straggler_op_share * m, OP_Z * sigma):
+            return rank, m
         return None
