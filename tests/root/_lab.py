@@ -15,6 +15,22 @@ from c4.lab import control, runs
 from c4.lab.state import LabState
 
 
+def down_pairs(st: LabState, rid: str) -> dict[str, set[tuple[str, str]]]:
+    """Fabric link -> the host pairs whose connections cross it spine=>leaf now."""
+    _, info = runs.run_info(st, rid)
+    fab = st.fabric()
+    out: dict[str, set[tuple[str, str]]] = {}
+    conns = runs.connections(info["dir"])
+    for c, spine in zip(conns, runs.conn_spines(fab, Path(info["dir"])).values()):
+        src, dst = fab.nic_of_addr(c["saddr"]), fab.nic_of_addr(c["daddr"])
+        assert src is not None and dst is not None
+        hops = [lk for lk in fab.path(src, dst, spine)
+                if fab.topology.links[lk].kind == "fabric"]
+        if len(hops) == 2:
+            out.setdefault(hops[1], set()).add((src.host, dst.host))
+    return out
+
+
 def new_prefix() -> str:
     return "t" + secrets.token_hex(3)
 

@@ -14,8 +14,7 @@ import pytest
 from c4.lab import control, faults, runs
 from c4.lab.state import LabState
 
-from ._lab import new_prefix, others_open, wait_named
-from .test_measure_lab import down_pairs
+from ._lab import down_pairs, new_prefix, others_open, wait_named
 
 pytestmark = pytest.mark.root
 LINK_S = 30.0

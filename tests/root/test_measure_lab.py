@@ -5,31 +5,14 @@ connections alone cannot say which of the two loses; the agents' TTL-limited dat
 spine from under each leaf do (aggregator/diagnosis/probes.py)."""
 from __future__ import annotations
 
-from pathlib import Path
 import pytest
 
-from c4.lab import faults, runs
+from c4.lab import faults
 from c4.lab.state import LabState
 
-from ._lab import wait_named
+from ._lab import down_pairs, wait_named
 
 pytestmark = pytest.mark.root
-
-
-def down_pairs(st: LabState, rid: str) -> dict[str, set[tuple[str, str]]]:
-    """Fabric link -> the host pairs whose connections cross it spine=>leaf now."""
-    _, info = runs.run_info(st, rid)
-    fab = st.fabric()
-    out: dict[str, set[tuple[str, str]]] = {}
-    conns = runs.connections(info["dir"])
-    for c, spine in zip(conns, runs.conn_spines(fab, Path(info["dir"])).values()):
-        src, dst = fab.nic_of_addr(c["saddr"]), fab.nic_of_addr(c["daddr"])
-        assert src is not None and dst is not None
-        hops = [lk for lk in fab.path(src, dst, spine)
-                if fab.topology.links[lk].kind == "fabric"]
-        if len(hops) == 2:
-            out.setdefault(hops[1], set()).add((src.host, dst.host))
-    return out
 
 
 def test_loss_down_a_lone_pairs_link_is_named_by_measuring(lab: LabState, ring: str) -> None:

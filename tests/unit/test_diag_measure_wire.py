@@ -4,6 +4,8 @@ here are what the agent sends (tests/unit/test_agent_measure.py makes them with 
 node001's leg loses a few datagrams every round, node000's none."""
 from __future__ import annotations
 
+from typing import Callable
+
 from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.diagnosis.findings import Finding, Suspect
 from c4.aggregator.server import build_core
@@ -34,29 +36,36 @@ def path_finding(path: str = "node000->node001") -> Finding:
             "leaf01-spine00": "towards leaf01 (the only direction with traffic)"}}, 90.0)
 
 
-def test_probe_frames_out_and_results_in_name_the_link():
+def measured(seconds: int, lost: Callable[[str], int]) -> tuple[Finding, dict[str, int]]:
+    """The path finding after `seconds` of ticks in which the agents answer every measuring
+    probe, host `h` losing `lost(h)` datagrams of the round: (the finding, rounds per host)."""
     core = build_core(AggregatorConfig(), db_path=":memory:", topology=fabric())
     diag = core.diagnosis
     asked: dict[str, int] = {}
     seq = 0
     f = path_finding()
-    for t in range(100, 140):
+    for t in range(100, 100 + seconds):
         diag.tick(float(t))
         f = diag.measuring.resolve(path_finding(), float(t))
         for host, kind, body in diag.take_outbox():
             assert kind == "probe"
             [p] = validate_body("probe", body)["probes"]
             assert p["measure"]["ttl"] == 2 and p["measure"]["via"] == ["10.9.0.1"]
+            n = lost(host)
             asked[host] = asked.get(host, 0) + 1
-            lost = 2 if host == "node001" else 0
             seq += 1
             result = validate_body("probe_result", {"probe_id": body["probe_id"], "results": [{
                 "id": p["id"], "sport": p["sports"][0], "hops": [None, "10.9.0.1"],
                 "reached": False, "sent": p["measure"]["count"],
-                "answered": p["measure"]["count"] - lost, "rtt_us": [300, 500, 900]}]})
+                "answered": p["measure"]["count"] - n, "rtt_us": [300, 500, 900]}]})
             diag.observe(Frame("probe_result", host, "b1", seq, float(t), result), t + 0.5)
+    return f, asked
+
+
+def test_probe_frames_out_and_results_in_name_the_link():
+    f, asked = measured(40, lambda host: 2 if host == "node001" else 0)
     assert asked and set(asked) == {"node000", "node001"}
-    assert max(asked.values()) <= 40 / 4 + 1  # one round per leg every 4 s
+    assert max(asked.values()) <= 40 / 3 + 1  # one round per leg every 3-5 s
     assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf01-spine00")
     assert f.top.confidence >= 0.8
     assert f.evidence["direction"] == "towards leaf01"
@@ -67,24 +76,13 @@ def test_a_leg_is_lossy_against_what_the_other_legs_lose():
     lost 0-5 of 400 datagrams a round, the other leg 0-1 a round (answers late on a loaded
     host). Against the 1e-4 assumed background both legs were lossy, so no candidate fitted
     and the path stayed a path; against each other, one leg is."""
-    core = build_core(AggregatorConfig(), db_path=":memory:", topology=fabric())
-    diag = core.diagnosis
     losses = {"node001": [5, 3, 0, 0, 3, 3, 0], "node000": [1, 1, 0, 1, 1, 0]}
     rounds = {"node000": 0, "node001": 0}
-    seq = 0
-    f = path_finding()
-    for t in range(100, 160):
-        diag.tick(float(t))
-        f = diag.measuring.resolve(path_finding(), float(t))
-        for host, _, body in diag.take_outbox():
-            [p] = validate_body("probe", body)["probes"]
-            lost = losses[host][rounds[host] % len(losses[host])]
-            rounds[host] += 1
-            seq += 1
-            result = validate_body("probe_result", {"probe_id": body["probe_id"], "results": [{
-                "id": p["id"], "sport": p["sports"][0], "hops": [None, "10.9.0.1"],
-                "reached": False, "sent": p["measure"]["count"],
-                "answered": p["measure"]["count"] - lost, "rtt_us": [300, 500, 900]}]})
-            diag.observe(Frame("probe_result", host, "b1", seq, float(t), result), t + 0.5)
+
+    def lost(host: str) -> int:
+        rounds[host] += 1
+        return losses[host][(rounds[host] - 1) % len(losses[host])]
+
+    f, _ = measured(60, lost)
     assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf01-spine00"), f.suspects
     assert f.evidence["probe"]["signal"] == "loss"
