@@ -14,6 +14,16 @@ TTL runs out answers ICMP time-exceeded, which the kernel queues on that socket'
   up to the last router: the destination's distance is learned first with a UDP datagram to a
   closed port (every ECMP path of a leaf-spine fabric has the same length) and SYNs go out with
   TTL below it. Without a known distance a TCP trace is refused with an error.
+- a live TCP connection's own 4-tuple (bind or connect says EADDRINUSE/EADDRNOTAVAIL): no second
+  socket can own it, and its path is the one C4P must know to judge a plan's gain. Segments
+  with that tuple are written on a raw socket (as paratrace does, parasitic on the
+  connection) and the routers' time-exceeded read on a raw ICMP socket, matched by the quoted
+  tuple and sequence number: this needs CAP_NET_RAW. They are bare ACKs whose sequence number
+  is random, so the connection's own TCP ignores the time-exceeded that quotes them (outside
+  its window: OutOfWindowIcmps) unless it falls in the bytes in flight (about 1 in 1,000 for
+  4 MB in flight), where it is a soft error the connection reports only if it later times out
+  (or at once to an application that set IP_RECVERR on it). Their TTL stays below the
+  destination, as for SYNs.
 
 Measuring (`measure` in a probe request, docs/diagnosis.md): C4D asks which of a path's links
 loses or delays packets. The agent picks the first of the given ports whose hop at `ttl`
@@ -36,6 +46,7 @@ import errno
 import ipaddress
 import logging
 import queue
+import secrets
 import select
 import socket
 import struct
@@ -53,6 +64,10 @@ DISTANCE_DPORT = 33434  # traceroute's first port: closed on ordinary hosts
 MSG_ERRQUEUE = 0x2000
 IP_RECVERR = 11
 IPV6_RECVERR = 25
+IPV6_HDRINCL = 36  # linux/in6.h; not in Python's socket module
+SOL_RAW, ICMP_FILTER = 255, 1  # linux/icmp.h: a bitmask of the ICMP types to drop
+ICMP6_FILTER = 1  # linux/icmpv6.h (level IPPROTO_ICMPV6): 256 bits, set = drop
+TCP_ACK = 0x10
 SO_EE_ORIGIN_ICMP, SO_EE_ORIGIN_ICMP6 = 2, 3
 # struct sock_extended_err, then the offender's sockaddr (SO_EE_OFFENDER)
 EXT_ERR = struct.Struct("=IBBBBII")
@@ -140,7 +155,7 @@ class TokenBucket:
         self.tokens -= 1
 
 
-def _family(addr: str) -> int:
+def _family(addr: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ipaddress.ip_address(addr).version == 6 else socket.AF_INET
 
 
@@ -182,6 +197,91 @@ def _parse_err(ancdata: list[tuple[int, int, bytes]]) -> _Answer | None:
             return _Answer("dest", addr, icmp_type, code)
         return _Answer("unreach", addr, icmp_type, code)
     return None
+
+
+def _checksum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071)."""
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return int(~total & 0xFFFF)
+
+
+def tcp_segment(src: str, dst: str, sport: int, dport: int, seq: int, ttl: int) -> bytes:
+    """An IP packet (header included, for IPPROTO_RAW) carrying a bare TCP ACK with this
+    4-tuple, sequence number and TTL (hop limit)."""
+    family = _family(dst)
+    a, b = socket.inet_pton(family, src), socket.inet_pton(family, dst)
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, seq, 0, 5 << 4, TCP_ACK, 1024, 0, 0)
+    if family == socket.AF_INET6:
+        pseudo = a + b + struct.pack("!I3xB", len(tcp), socket.IPPROTO_TCP)
+    else:
+        pseudo = a + b + struct.pack("!xBH", socket.IPPROTO_TCP, len(tcp))
+    tcp = tcp[:16] + struct.pack("!H", _checksum(pseudo + tcp)) + tcp[18:]
+    if family == socket.AF_INET6:
+        return struct.pack("!IHBB", 6 << 28, len(tcp), socket.IPPROTO_TCP, ttl) + a + b + tcp
+    # the kernel fills in the header checksum and, left 0, the identification
+    return struct.pack("!BBHHHBBH", 0x45, 0, 20 + len(tcp), 0, 0x4000, ttl,
+                       socket.IPPROTO_TCP, 0) + a + b + tcp
+
+
+def parse_icmp_quote(family: socket.AddressFamily, data: bytes, sender: str
+                     ) -> tuple[_Answer, tuple[str, str, int, int, int]] | None:
+    """An ICMP error read on a raw ICMP socket (IPv4: with its IP header; IPv6: from the
+    ICMPv6 header) and the TCP segment it quotes: (answer, (src, dst, sport, dport, seq)).
+    None for any other message, or one quoting something else than TCP."""
+    try:
+        if family == socket.AF_INET:
+            icmp = data[(data[0] & 0x0F) * 4:]
+            inner = icmp[8:]
+            ihl = (inner[0] & 0x0F) * 4
+            if inner[9] != socket.IPPROTO_TCP:
+                return None
+            addrs, seg = (inner[12:16], inner[16:20]), inner[ihl:]
+        else:
+            icmp = data
+            inner = icmp[8:]
+            if inner[6] != socket.IPPROTO_TCP:
+                return None
+            addrs, seg = (inner[8:24], inner[24:40]), inner[40:]
+        icmp_type, code = icmp[0], icmp[1]
+        sport, dport, seq = struct.unpack_from("!HHI", seg)
+    except (IndexError, struct.error):
+        return None
+    if icmp_type == TIME_EXCEEDED[family]:
+        kind = "router"
+    elif icmp_type == DEST_UNREACH[family]:
+        kind = "unreach"
+    else:
+        return None
+    quoted = (socket.inet_ntop(family, addrs[0]), socket.inet_ntop(family, addrs[1]),
+              sport, dport, seq)
+    return _Answer(kind, sender, icmp_type, code), quoted
+
+
+def _icmp_socket(family: socket.AddressFamily) -> socket.socket:
+    """A raw socket handed a copy of the host's ICMP errors (time exceeded, unreachable)."""
+    if family == socket.AF_INET6:
+        s = socket.socket(family, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+        words = [0xFFFFFFFF] * 8  # struct icmp6_filter: bit t%32 of word t/32, set = drop
+        for t in (TIME_EXCEEDED[family], DEST_UNREACH[family]):
+            words[t >> 5] &= ~(1 << (t & 31)) & 0xFFFFFFFF
+        s.setsockopt(socket.IPPROTO_ICMPV6, ICMP6_FILTER, struct.pack("=8I", *words))
+    else:
+        s = socket.socket(family, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+        keep = (1 << TIME_EXCEEDED[family]) | (1 << DEST_UNREACH[family])
+        s.setsockopt(SOL_RAW, ICMP_FILTER, struct.pack("=I", ~keep & 0xFFFFFFFF))
+    s.setblocking(False)
+    return s
+
+
+def _source_for(family: socket.AddressFamily, dst: str) -> str:
+    """The address the route to dst leaves from (no packet sent)."""
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((dst, 9))
+        return str(s.getsockname()[0])
 
 
 class Prober:
@@ -320,8 +420,8 @@ class Prober:
         family = _family(t.dst)
         level, opt = _ttl_option(family)
         with self._udp_socket(family, t.src, t.sport) as s:
-            self._walk(t, max_ttl, lambda ttl: self._udp_send(s, level, opt, ttl, t), lambda: s,
-                       known_end=known_end)
+            self._walk(t, max_ttl, lambda ttl: self._udp_send(s, level, opt, ttl, t),
+                       lambda ttl: self._wait(s), known_end=known_end)
 
     def _udp_send(self, s: socket.socket, level: int, opt: int, ttl: int, t: Trace) -> None:
         s.setsockopt(level, opt, ttl)
@@ -351,6 +451,16 @@ class Prober:
 
     # -- TCP ------------------------------------------------------------------------------
     def _trace_tcp(self, t: Trace, max_ttl: int) -> None:
+        try:
+            self._trace_syn(t, max_ttl)
+        except OSError as exc:
+            # bind (EADDRINUSE) or connect (EADDRNOTAVAIL) refused the first SYN's socket:
+            # the 4-tuple is a live connection's, nothing was sent
+            if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL) or t.hops:
+                raise
+            self._trace_live(t, max_ttl)
+
+    def _trace_syn(self, t: Trace, max_ttl: int) -> None:
         family = _family(t.dst)
         level, opt = _ttl_option(family)
         holder: list[socket.socket] = []
@@ -377,14 +487,59 @@ class Prober:
                 pass
 
         try:
-            self._walk(t, max_ttl, send, lambda: holder[0], known_end=True)
+            self._walk(t, max_ttl, send, lambda ttl: self._wait(holder[0]), known_end=True)
         finally:
             for s in holder:
                 s.close()
 
+    def _trace_live(self, t: Trace, max_ttl: int) -> None:
+        """A live connection's own 4-tuple, on raw sockets (the module's docstring)."""
+        family = _family(t.dst)
+        src = t.src or _source_for(family, t.dst)
+        try:
+            # IPPROTO_RAW sends only: a raw TCP socket would also be handed a copy of every
+            # TCP segment the host receives (the training job's traffic)
+            out = socket.socket(family, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        except PermissionError as exc:
+            raise ProbeError(f"source port {t.sport} is a live connection's: tracing its own "
+                             f"4-tuple needs CAP_NET_RAW (raw sockets)") from exc
+        with out, _icmp_socket(family) as icmp:
+            if family == socket.AF_INET6:
+                out.setsockopt(socket.IPPROTO_IPV6, IPV6_HDRINCL, 1)
+            base = secrets.randbits(32)
+
+            def send(ttl: int) -> None:
+                seg = tcp_segment(src, t.dst, t.sport, t.dport, (base + ttl) & 0xFFFFFFFF, ttl)
+                out.sendto(seg, (t.dst, 0))
+
+            def wait(ttl: int) -> _Answer | None:
+                want = (src, t.dst, t.sport, t.dport, (base + ttl) & 0xFFFFFFFF)
+                return self._wait_icmp(icmp, family, want)
+
+            self._walk(t, max_ttl, send, wait, known_end=True)
+
+    def _wait_icmp(self, s: socket.socket, family: socket.AddressFamily,
+                   want: tuple[str, str, int, int, int]) -> _Answer | None:
+        """The ICMP error quoting the segment `want` (src, dst, sport, dport, seq), within the
+        hop timeout; every other ICMP message the host receives is skipped."""
+        deadline = self.clock() + self.hop_timeout
+        poller = select.poll()
+        poller.register(s, select.POLLIN)
+        while True:
+            left = deadline - self.clock()
+            if left <= 0 or not poller.poll(left * 1000):
+                return None
+            try:
+                data, addr = s.recvfrom(2048)
+            except BlockingIOError:
+                continue
+            got = parse_icmp_quote(family, data, addr[0])
+            if got is not None and got[1] == want:
+                return got[0]
+
     # -- common ---------------------------------------------------------------------------
     def _walk(self, t: Trace, max_ttl: int, send: Callable[[int], None],
-              sock: Callable[[], socket.socket], *, known_end: bool = False) -> None:
+              wait: Callable[[int], _Answer | None], *, known_end: bool = False) -> None:
         """TTL 1..max_ttl until the destination answers. With `known_end` (max_ttl is the last
         router) silent hops keep their place; otherwise trailing silence is dropped."""
         silent = 0
@@ -392,7 +547,7 @@ class Prober:
             self.bucket.take()
             send(ttl)
             self.packets += 1
-            answer = self._wait(sock())
+            answer = wait(ttl)
             if answer is None:
                 t.hops.append(None)
                 silent += 1

@@ -160,7 +160,10 @@ def demo(prefix: str, say: Say) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(PAIR, f)
     try:
-        st = control.up(f.name, prefix, control.DEFAULT_COLLECTORS + ("tcp_flows",))
+        # the operator pushes the plan here (`c4 plan apply`); with `auto_apply` a periodic
+        # plan would go out on its own (tests/root/test_lab_planning_auto.py)
+        st = control.up(f.name, prefix, control.DEFAULT_COLLECTORS + ("tcp_flows",),
+                        auto_apply=False)
         fab = st.fabric()
         say(f"   lab {prefix}: 2 hosts under leaf00 and leaf01, 2 spines, the agents also "
             "trace TCP connections with eBPF (C4P plans TCP flows from them)")
@@ -180,9 +183,8 @@ def demo(prefix: str, say: Say) -> dict[str, Any]:
         env = dict(lab_env(prefix), COLUMNS=os.environ.get("COLUMNS", "120"))
         subprocess.run([sys.executable, "-m", "c4.cli", "plan", "--aggregator", st.api,
                         "--links", "4"], env=env, check=False)
-        say("   (\"now\" counts only flows whose port the planner has traced: a live TCP "
-            "connection's own port cannot be, so before a first plan it reads 0 or -; the "
-            "uplink counters above are what the fabric carries)")
+        say("   (\"now\": the connections' own 4-tuples, traced on raw sockets by the agents, "
+            "placed on the links they take)")
         applied = apply_plan(st)
         say(f"   `c4 plan apply`: {applied['plan_id']}, {applied['assignments']} source ports "
             f"to {', '.join(applied['hosts'])}; the ranks reconnect at the next step boundary")

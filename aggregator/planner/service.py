@@ -144,7 +144,10 @@ class Planner:
         self.addrs: dict[str, str] = {}  # IP -> endpoint
         self.ep_addr: dict[str, str] = {}  # endpoint -> IP
         self.outbox: list[tuple[str, str, dict[str, Any]]] = []  # (host, kind, body)
-        self.asked: dict[tuple[str, str, str], float] = {}  # endpoint pair -> last probe
+        # last probe of (src, dst, path class, port): None for the pair's random ports, a port
+        # for a flow's own
+        self.asked: dict[tuple[str, str, str, int | None], float] = {}
+        self.asked_pruned = 0.0
         self.pending: dict[str, dict[str, tuple[str, str, str]]] = {}  # probe id -> id -> key
         self.host_probe: dict[str, float] = {}
         self.tokens = cfg.probe_sports_per_s
@@ -441,24 +444,32 @@ class Planner:
             probes: list[dict[str, Any]] = []
             ids: dict[str, tuple[str, str, str]] = {}
             sports_total = 0
+            by_key: dict[tuple[str, str, str], list[Flow]] = {}
             for fl in flows.values():
-                key = (fl.src, fl.dst, fl.pclass)
-                if key in ids.values() or now - self.asked.get(key, -1e18) < self.cfg.probe_retry_s:
-                    continue
-                known = self.pathmap.ports(fl.src, fl.dst, fl.pclass, now)
-                if len(known) >= self.cfg.probe_ports:
-                    continue
+                by_key.setdefault((fl.src, fl.dst, fl.pclass), []).append(fl)
+            for key, fls in by_key.items():
+                fl = fls[0]
                 dst_ip, src_ip = self.ep_addr.get(fl.dst), self.ep_addr.get(fl.src)
                 if dst_ip is None:
                     continue
-                want = self.cfg.probe_ports - len(known)
-                lo, hi = ROCE_PORTS if fl.proto == "roce" else self.cfg.tcp_ports
-                sports = [] if fl.sport is None or fl.sport in known or fl.proto == "tcp" \
-                    else [fl.sport]
-                while len(sports) < want:
-                    p = self.rng.randint(lo, hi)
-                    if p not in known and p not in sports:
-                        sports.append(p)
+                known = self.pathmap.ports(*key, now)
+                retry = now - self.cfg.probe_retry_s
+                # the flows' own ports: the paths they take now, which a plan's gain is judged
+                # from (a live TCP connection's is traced on its own 4-tuple, agent/probe.py)
+                sports = sorted({f.sport for f in fls if f.sport is not None and
+                                 f.sport not in known and
+                                 self.asked.get((*key, f.sport), -1e18) < retry})[:64]
+                own = list(sports)
+                fill = len(known) < self.cfg.probe_ports and \
+                    self.asked.get((*key, None), -1e18) < retry
+                if fill:
+                    lo, hi = ROCE_PORTS if fl.proto == "roce" else self.cfg.tcp_ports
+                    while len(sports) < max(len(own), self.cfg.probe_ports - len(known)):
+                        p = self.rng.randint(lo, hi)
+                        if p not in known and p not in sports:
+                            sports.append(p)
+                if not sports:
+                    continue
                 if probes and sports_total + len(sports) > min(PROBE_SPORTS_MAX, self.tokens):
                     break
                 pid = f"x{len(probes)}"
@@ -470,7 +481,9 @@ class Planner:
                 probes.append(probe)
                 ids[pid] = key
                 sports_total += len(sports)
-                self.asked[key] = now
+                self.asked.update(((*key, sp), now) for sp in own)
+                if fill:
+                    self.asked[(*key, None)] = now
                 if len(probes) >= 256:
                     break
             if probes:
@@ -483,6 +496,10 @@ class Planner:
                 self.stats["probes_sent"] += 1
         while len(self.pending) > 1024:  # answers that never came
             self.pending.pop(next(iter(self.pending)))
+        if now - self.asked_pruned > self.cfg.probe_retry_s:  # closed connections' ports
+            self.asked_pruned = now
+            self.asked = {k: at for k, at in self.asked.items()
+                          if now - at < self.cfg.probe_retry_s}
 
     # -- C4D (aggregator/diagnosis/probes.py) -------------------------------------------------
     def learned_path(self, src: str, dst: str, now: float) -> tuple[str, ...] | None:
@@ -513,8 +530,8 @@ class Planner:
         host = src.partition("/")[0]
         keys = {(fl.src, fl.dst, fl.pclass) for fl in self.flows.get(host, {}).values()
                 if fl.src == src and fl.dst == dst}
-        for key in keys:
-            self.asked.pop(key, None)
+        for k in [k for k in self.asked if k[:3] in keys]:
+            del self.asked[k]
         if keys:
             self.host_probe.pop(host, None)
         return bool(keys)

@@ -43,9 +43,10 @@ class Fabric:
         out = sh("ip", "-n", self.ns[spine], "-j", "-s", "link", "show", "r1")
         return json.loads(out)[0]["stats64"]["rx"]["packets"]
 
-    def run(self, role: str, code: str, *argv: str, timeout: float = 60) -> Any:
-        proc = subprocess.run(["ip", "netns", "exec", self.ns[role], sys.executable, "-c", code,
-                               *argv], capture_output=True, text=True, timeout=timeout)
+    def run(self, role: str, code: str, *argv: str, timeout: float = 60,
+            wrap: tuple[str, ...] = ()) -> Any:
+        proc = subprocess.run(["ip", "netns", "exec", self.ns[role], *wrap, sys.executable, "-c",
+                               code, *argv], capture_output=True, text=True, timeout=timeout)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
@@ -211,28 +212,85 @@ def test_tcp_trace_stops_before_the_application(fabric: Fabric) -> None:
         listener.wait()
 
 
-def test_tcp_port_held_by_a_live_connection_is_an_error(fabric: Fabric) -> None:
-    f = fabric
-    dst, dport = f.addr["h2-r2"], random.randint(20000, 30000)
-    code = r"""
+COUNT_LISTEN = r"""
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("", int(sys.argv[1])))
+ls.listen(1)
+ls.settimeout(20)
+print("ready", flush=True)
+c, _ = ls.accept()
+got = 0
+while data := c.recv(65536):
+    got += len(data)
+print(got, flush=True)
+"""
+
+LIVE_TRACE = r"""
 import json, socket, sys
 from c4.agent.probe import Prober
-dst, dport, sport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dst, dport, sport, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("", sport))
 s.connect((dst, dport))
-print(json.dumps(Prober(hop_timeout=0.5).trace("tcp", dst, sport, dport=dport).entry("t")))
+s.sendall(b"x" * 1000)
+trace = Prober(hop_timeout=0.5).trace("tcp", dst, sport, dport=dport).entry("t")
+for _ in range(n):  # the connection still carries data after its own tuple was traced
+    s.sendall(b"x" * 1000)
+s.close()
+print(json.dumps(trace))
 """
+
+
+def test_a_live_connections_own_port_is_traced_on_its_path(fabric: Fabric) -> None:
+    """C4P must know the path a connection takes now to judge a plan's gain; its 4-tuple is
+    taken, so the trace goes out on raw sockets and must not disturb the connection."""
+    f = fabric
+    dst = f.addr["h2-r2"]
+    spines = set()
+    for i, sport in enumerate(range(41000, 41000 + 13 * 16, 13)):
+        if i >= 4 and len(spines) == 2:
+            break
+        dport = random.randint(20000, 30000)
+        listener = subprocess.Popen(["ip", "netns", "exec", f.ns["h2"], sys.executable, "-c",
+                                     COUNT_LISTEN, str(dport)], stdout=subprocess.PIPE,
+                                    text=True)
+        try:
+            assert listener.stdout and listener.stdout.readline().strip() == "ready"
+            before = {s: f.rx_packets(s) for s in ("s1", "s2")}
+            t = f.run("h1", LIVE_TRACE, dst, str(dport), str(sport), "300")
+            delta = {s: f.rx_packets(s) - before[s] for s in ("s1", "s2")}
+            got = int(listener.communicate(timeout=20)[0].strip())
+        finally:
+            if listener.poll() is None:
+                listener.kill()
+                listener.wait()
+        assert got == 301 * 1000
+        assert "error" not in t and t["reached"] and len(t["hops"]) == 3, t
+        spine = f.spine_of_hop(t["hops"][1])
+        busy = max(delta, key=lambda s: delta[s])
+        assert delta[busy] >= 300 / 4 and min(delta.values()) < delta[busy] / 10, delta
+        assert spine == busy, (t, delta)
+        spines.add(spine)
+    assert spines == {"s1", "s2"}, "16 ports all hashed onto one spine: ECMP is not in play"
+
+
+def test_a_live_connections_port_without_cap_net_raw_is_an_error(fabric: Fabric) -> None:
+    f = fabric
+    dst, dport = f.addr["h2-r2"], random.randint(20000, 30000)
     listener = subprocess.Popen(["ip", "netns", "exec", f.ns["h2"], sys.executable, "-c",
-                                 TCP_LISTEN, str(dport), "3"], stdout=subprocess.PIPE, text=True)
+                                 COUNT_LISTEN, str(dport)], stdout=subprocess.PIPE, text=True)
     try:
         assert listener.stdout and listener.stdout.readline().strip() == "ready"
-        t = f.run("h1", code, dst, str(dport), "41000")
+        t = f.run("h1", LIVE_TRACE, dst, str(dport), "41300", "1",
+                  wrap=("setpriv", "--bounding-set=-net_raw"))
+        assert int(listener.communicate(timeout=20)[0].strip()) == 2000
     finally:
-        listener.kill()
-        listener.wait()
-    assert t["error"].startswith("EADDR"), t
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+    assert "CAP_NET_RAW" in t["error"] and "live connection" in t["error"], t
     assert t["reached"] is False
 
 

@@ -116,15 +116,14 @@ def answer_probes(p: Planner, t: Topology, now: float) -> int:
 
 
 def learned(p: Planner, t: Topology) -> list[int]:
-    """`colliding`, probed, and the current ports' paths known too (a live connection owns
-    them: the agent learns them from a later probe of a fresh port that reuses them)."""
+    """`colliding`, probed: 8 ports, the connections' own among them (the paths they take
+    now; the agent traces a live connection's 4-tuple on raw sockets)."""
     same = colliding(p, t)
     p.tick(2.0)
-    assert answer_probes(p, t, 2.0) == 8 + 2 - 2  # 8 ports wanted; tcp never probes its own
+    [(_, _, body)] = p.outbox
+    assert set(same) <= set(body["probes"][0]["sports"])
+    assert answer_probes(p, t, 2.0) == 8
     assert p.stats["paths_learned"] == 8
-    for sp in same:
-        p.pathmap.learn("node000/mlx5_0", "node002/mlx5_0", "tcp:29500", sp,
-                        t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 2.0)
     return same
 
 

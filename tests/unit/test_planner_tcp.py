@@ -64,3 +64,33 @@ def test_the_accepting_end_of_a_stream_is_not_planned() -> None:
     assert {m["from"] for m in v["moves"]} <= {40000, 40001}
     # the two streams end on different spines
     assert len({m["to_path"][1] for m in v["moves"]}) == 2 == v["moved"]
+
+
+def test_every_connections_own_port_is_traced_and_a_new_one_at_once() -> None:
+    """A plan's gain is judged from the paths the flows take now: each connection's own port
+    is traced (not only the first of its pair's), and a reconnect's new port without waiting
+    `probe_retry_s` for the pair."""
+    p, t = planner()
+
+    def probed(now: float) -> list[int]:
+        out = []
+        for _, kind, body in p.take_outbox():
+            assert kind == "probe"
+            out += [sp for pr in body["probes"] for sp in pr["sports"]]
+            results = [{"id": pr["id"], "sport": sp, "reached": True,
+                        "hops": traced(t, sp, pr["dport"])}
+                       for pr in body["probes"] for sp in pr["sports"]]
+            p.observe(frame("probe_result", "node000", {"probe_id": body["probe_id"],
+                                                        "results": results}), now)
+        return out
+
+    p.observe(frame("report", "node000", report([40000, 40001, 40002], 29500, 5e9)), 1.0)
+    p.tick(2.0)
+    first = probed(2.0)
+    assert {40000, 40001, 40002} <= set(first) and len(first) == 8
+    assert p.view(2.5)["proposal"]["current_max_util"] is not None
+    p.tick(3.0)
+    assert probed(3.0) == []  # all known
+    p.observe(frame("report", "node000", report([40003], 29500, 5e9)), 4.0)
+    p.tick(5.0)
+    assert probed(5.0) == [40003]  # the pair has its 8 ports: only the new one

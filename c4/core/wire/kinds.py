@@ -179,7 +179,7 @@ PROBE_REQ = Record(
                               "first of `sports` whose hop does is used"})},
     doc={"id": "probe id, echoed in every probe_result entry it produces",
          "proto": "`roce`: UDP datagrams to `dport` (default 4791), as RoCEv2 packets are "
-                  "hashed; `tcp`: TCP SYNs to `dport` (the fabric hashes the IP protocol too)",
+                  "hashed; `tcp`: TCP SYNs to `dport` (the fabric hashes the IP protocol too), or on a live connection's own 4-tuple bare ACKs on a raw socket",
          "dst": "destination address (the peer NIC port's IP)",
          "sports": "source ports to trace, each with its own fixed 5-tuple",
          "src": "source address to bind (the local NIC port's IP); default: the route's",
