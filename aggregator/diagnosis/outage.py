@@ -20,7 +20,8 @@ connections it covers:
   timeouts); it covers its own path and so separates such ties;
 - a TCP flow (the agents' eBPF `tcp_flows`: a TCP job, or the lab's ring): bad when it
   retransmitted in `MIN_BEATS` reports of the window each within `PAIR_S` of an ACK timeout
-  (retransmits away from every timeout are congestion drops), in more than half as many
+  of its own sending host, whose NIC is bad (retransmits away from every timeout are
+  congestion drops; at other hosts' timeouts only, a bystander's), in more than half as many
   reports as its host's most persistent flow and more than a quarter as many as any flow's
   (every flow through a blackholing link retransmits at each of its outages; one that did
   once or twice as the ring stalled and resumed is a bystander, neither bad nor clear: it
@@ -188,27 +189,40 @@ class OutageDetector:
                 host[key] = rk.host
                 bad.add(key)
         times = sorted(b for q in self.beats.values() for b in q)
-        counts = {fk: sum(1 for t in fc.retrans if t >= start and _near(times, t))
-                  for fk, fc in self.flows.items()
-                  if fc.moved >= start and self._flow_path(fk, fc)}
+        # each sending host's own timeouts: a blackhole times out every sender through it, so
+        # a flow's retransmits are an outage's only at its own sender's timeouts (a live lab
+        # run: a node002 flow's retransmits fell within PAIR_S of a lone flap's timeouts on
+        # node005; crossing the flap's neighbouring cable the other way, it named that cable)
+        own: dict[str, list[float]] = {}
+        for nic, at in self.beats.items():
+            own.setdefault(nic.partition("/")[0], []).extend(at)
+        for ts in own.values():
+            ts.sort()
+        counts: dict[FlowKey, tuple[int, int]] = {}  # (at any timeout, at its sender's)
+        for fk, fc in self.flows.items():
+            if fc.moved >= start and self._flow_path(fk, fc):
+                recent = [t for t in fc.retrans if t >= start]
+                counts[fk] = (sum(1 for t in recent if _near(times, t)),
+                              sum(1 for t in recent if _near(own.get(fk[0], []), t)))
         most: dict[str, int] = {}  # sending host -> its most persistent flow's reports
-        for fk, n in counts.items():
+        for fk, (_, n) in counts.items():
             most[fk[0]] = max(n, most.get(fk[0], 0))
         anyone = max(most.values(), default=0)  # the most persistent flow's reports
         # flows that moved data cleanly at the timeouts, in as many reports as a bad one
         through: set[Hashable] = set()
-        for fk, n in counts.items():
-            # bad: at the timeouts in MIN_BEATS reports, more than half as many as its host's
-            # most persistent flow and more than a quarter as many as any flow's; fewer is a
-            # bystander the stall and resume disturbed, neither bad nor clear (measured: a
-            # leaf01 -> leaf00 flow in 2 reports beside its host's flow through the down link
-            # in 4 named leaf01-spine01; a leaf03 -> leaf00 flow in 2 beside flows through a
-            # flapping link in 8 and 9 named leaf00-spine01)
-            if n == 0 or (n >= MIN_BEATS and 2 * n > most[fk[0]] and 4 * n > anyone):
+        for fk, (near, n) in counts.items():
+            # bad: at its sender's timeouts in MIN_BEATS reports, more than half as many as
+            # its host's most persistent flow and more than a quarter as many as any flow's;
+            # fewer, or only at other hosts' timeouts, is a bystander the stall and resume
+            # disturbed, neither bad nor clear (measured: a leaf01 -> leaf00 flow in 2 reports
+            # beside its host's flow through the down link in 4 named leaf01-spine01; a
+            # leaf03 -> leaf00 flow in 2 beside flows through a flapping link in 8 and 9 named
+            # leaf00-spine01)
+            if near == 0 or (n >= MIN_BEATS and 2 * n > most[fk[0]] and 4 * n > anyone):
                 obs = ("flow",) + fk
                 covers[obs] = [(None, self.flows[fk])]
                 host[obs] = fk[0]
-                if n:
+                if near:
                     bad.add(obs)
                 elif sum(1 for t in self.flows[fk].clean
                          if t >= start and _near(times, t)) >= MIN_BEATS:

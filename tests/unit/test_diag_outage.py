@@ -25,13 +25,13 @@ def unpack(name: str, tmp: Path) -> tuple[Path, dict[str, Any]]:
     return rec, json.loads((LAB / f"{name}.c4rec.truth.json").read_text())
 
 
-def rewrite(rec: Path, edit: Callable[[dict[str, Any]], object]) -> None:
-    """Apply `edit` to the body of every report in the recording, in place."""
+def rewrite(rec: Path, edit: Callable[[wire.Frame], object]) -> None:
+    """Apply `edit` to every report of the recording (its body edited), in place."""
     frames = []
     for data in record.read(rec):
         f = wire.decode(data)
         if f.kind == "report":
-            edit(f.body)
+            edit(f)
             data = wire.encode(f)
         frames.append(data)
     rec.unlink()
@@ -76,7 +76,7 @@ def test_flap_without_flows_is_not_named_in_time(tmp_path: Path) -> None:
     alone cover both ends of the same ring paths, and no down phase stalled the ring long
     enough for a stall message, so nothing names the link within the 30 s target."""
     rec, truth = unpack("02-flap-leaf01-spine01", tmp_path)
-    rewrite(rec, lambda body: body.pop("tcp_flows", None))
+    rewrite(rec, lambda f: f.body.pop("tcp_flows", None))
     assert all(t > 30.0 for t in named_after(run(rec, truth), truth).values())
 
 
@@ -91,8 +91,8 @@ def test_stall_messages_without_ack_timeouts_name_no_link(tmp_path: Path) -> Non
     the hang floor (comm_hang), if it does."""
     rec, truth = unpack("01-down-leaf03-spine00", tmp_path)
 
-    def no_timeouts(body: dict[str, Any]) -> None:
-        for port in (body.get("rdma") or {}).get("ports", []):
+    def no_timeouts(f: wire.Frame) -> None:
+        for port in (f.body.get("rdma") or {}).get("ports", []):
             for key in ("counters", "deltas", "rates"):
                 if key in port:
                     port[key]["local_ack_timeout_err"] = 0

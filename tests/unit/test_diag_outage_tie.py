@@ -29,7 +29,8 @@ import pytest
 
 from c4.aggregator.diagnosis.outage import OutageDetector
 from c4.aggregator.diagnosis.findings import Finding
-from tests.unit.test_diag_outage import LAB, run, unpack
+from c4.core import record, wire
+from tests.unit.test_diag_outage import LAB, rewrite, run, unpack
 
 
 def outage_findings(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
@@ -99,3 +100,37 @@ def test_a_link_only_one_host_crosses_is_named_as_its_path(tmp_path: Path) -> No
     assert inc["suspects"][0]["id"] == "node005/mlx5_0->node007/mlx5_0"
     assert "leaf03-spine01" in inc["evidence"]["candidate_links"]
     assert inc["localised"] is None
+
+
+def test_a_bystander_retransmitting_at_another_hosts_timeouts_names_nothing(
+        tmp_path: Path) -> None:
+    """09-flap-leaf03-spine01 with a bystander, as a live root test run showed it
+    (2026-12-01): node002's flow to node004 (leaf01 -> spine01 -> leaf02, its own NIC never
+    timing out: fast retransmits) retransmits in the reports where node005's flow through
+    the flapping link does. It crosses leaf02-spine01 the other way, and with node005's
+    flow the cable both ways explained two hosts: leaf02-spine01 was named (0.83). Its
+    retransmits are not at its own sender's timeouts: the path finding stays as without it."""
+    name = "09-flap-leaf03-spine01"
+    rec, truth = unpack(name, tmp_path)
+    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
+    lone: list[float] = []  # when node005's flow through the flapping link retransmitted
+    for data in record.read(rec):
+        f = wire.decode(data)
+        if f.kind == "report" and f.host == "node005":
+            lone += [f.ts for x in (f.body.get("tcp_flows") or {}).get("flows", [])
+                     if x["sport"] == 45925 and x["retrans_segs_delta"] >= 2]
+    assert len(lone) >= 8
+
+    def bystander(f: wire.Frame) -> None:
+        if f.host != "node002" or not any(0 <= f.ts - t < 1.0 for t in lone):
+            return
+        for x in (f.body.get("tcp_flows") or {}).get("flows", []):
+            if x["sport"] == 42086:
+                x["retrans_segs_delta"] = 3
+
+    rewrite(rec, bystander)
+    incs = run(rec, truth)
+    assert not any(i["localised"] for i in incs), [(i["summary"], i["suspects"][:2])
+                                                   for i in incs]
+    (inc,) = incs
+    assert inc["suspects"][0]["id"] == "node005/mlx5_0->node007/mlx5_0"
