@@ -51,6 +51,10 @@ class AgentConfig:
     metrics_infiniband: bool = field(True, "export the RDMA port counters under node_exporter's "
                                      "`node_infiniband_*` names; false when node_exporter's "
                                      "infiniband collector runs on the host too")
+    plan_tcp_wait: float = field(30.0, "seconds a C4P plan's TCP assignment waits for the "
+                                 "application to reconnect on its planned port before "
+                                 "plan_result reports it not applied (jobs reconnect at a "
+                                 "step boundary); a QP's answer is waited for 2 s")
     bpf_stats: bool = field(True, "turn on the kernel's BPF run-time statistics while the agent "
                             "runs, for `c4_agent_bpf_program_run_*` (adds two clock reads to every program run)")
     collectors: dict[str, Any] = field(
@@ -73,6 +77,8 @@ class AgentConfig:
             raise ConfigError(f"{where}validate_every: must be at least 1")
         if self.resend_after <= 0:
             raise ConfigError(f"{where}resend_after: must be positive")
+        if not 0 < self.plan_tcp_wait <= 3600:
+            raise ConfigError(f"{where}plan_tcp_wait: must be between 0 and 3600 seconds")
         if self.metrics:
             host, _, port = self.metrics.rpartition(":")
             if not port.isdigit() or not 0 <= int(port) <= 65535:

@@ -65,7 +65,8 @@ class Agent:
             self.sender = sender
         else:
             self.sender = self._sender(cfg, record_path, clock)
-        self.c4p = Planning(cfg.run_dir)  # C4P: probes and plans (agent/planning.py)
+        # C4P: probes and plans (agent/planning.py)
+        self.c4p = Planning(cfg.run_dir, tcp_wait=cfg.plan_tcp_wait)
         self.sender.handlers["plan"] = self.c4p.on_plan
         self.sender.handlers["probe"] = self.c4p.on_probe
         self.snapshot = Snapshot()  # replaced whole each interval; the exporter reads it

@@ -11,7 +11,9 @@ and answers one `plan_result` with what took effect and why the rest did not:
   without blocking and collects results on its own thread until the plan's deadline.
 - `tcp`: into the planned-ports file that the connect() interposer (libc4-connect.so) reads at
   each connect(); the port takes effect when the application (re)connects. The agent reports
-  applied when /proc/net/tcp shows the connection on its planned port by the deadline. The
+  applied when /proc/net/tcp shows the connection on its planned port within `tcp_wait` (a job
+  reconnects at a step boundary, seconds away: the lab's 16-host ring did after the 2 s a QP
+  gets, and every assignment of its plans read "reconnect to apply"). The
   socket thread reads it, at most every TCP_RECHECK_S while such a plan is in flight: the file
   lists every connection in the namespace, too much to parse on the agent's loop.
 
@@ -101,6 +103,7 @@ class _Wait:
 class _Job:
     plan_id: str
     deadline: float
+    tcp_deadline: float
     waits: dict[str, _Wait] = field(default_factory=dict)
 
     def done(self) -> bool:
@@ -126,12 +129,14 @@ class PathControl:
 
     def __init__(self, run_dir: Path, *, socket_path: Path | None = None,
                  socket_group: str | None = None, tcp_ports: Path | None = None,
-                 deadline: float = 2.0, proc_root: Path = Path("/proc"),
+                 deadline: float = 2.0, tcp_wait: float = 30.0,
+                 proc_root: Path = Path("/proc"),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = socket_path or run_dir / "pathctl.sock"
         self.gid = grp.getgrnam(socket_group).gr_gid if socket_group else None
         self.ports = PortsFile(tcp_ports or run_dir / "tcp-ports")
-        self.deadline = deadline
+        self.deadline = deadline  # a QP's answer from the process owning it
+        self.tcp_wait = tcp_wait  # a connection on its planned port
         self.proc_root = proc_root
         self.clock = clock
         self.malformed = 0
@@ -190,7 +195,8 @@ class PathControl:
     # -- plans ----------------------------------------------------------------------------
     def submit(self, body: dict[str, Any]) -> None:
         """Start applying a validated `plan` body; its plan_result comes from results()."""
-        job = _Job(body["plan_id"], self.clock() + self.deadline)
+        now = self.clock()
+        job = _Job(body["plan_id"], now + self.deadline, now + self.tcp_wait)
         epoch = body.get("epoch")
         stale = epoch is not None and epoch < self.epoch
         if epoch is not None and not stale:
@@ -277,7 +283,7 @@ class PathControl:
 
     def _check_tcp(self) -> bool:
         """On the socket thread: one read of the connection table for every plan waiting on
-        TCP, final for those past their deadline. Returns whether any still wait."""
+        TCP, final for those past their TCP deadline. Returns whether any still wait."""
         with self._lock:
             if not any(job.tcp_waits() for job in self._jobs):
                 return False
@@ -285,7 +291,7 @@ class PathControl:
         now = self.clock()
         with self._lock:
             for job in self._jobs:
-                self._match_tcp(job, conns, final=now >= job.deadline)
+                self._match_tcp(job, conns, final=now >= job.tcp_deadline)
             return any(job.tcp_waits() for job in self._jobs)
 
     @staticmethod

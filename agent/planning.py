@@ -20,8 +20,9 @@ BUSY_POLL = 0.02  # seconds between checks while a probe or a plan is in flight
 
 
 class Planning:
-    def __init__(self, run_dir: Path, *, plan_deadline: float = 2.0) -> None:
-        self.pathctl = PathControl(run_dir, deadline=plan_deadline)
+    def __init__(self, run_dir: Path, *, plan_deadline: float = 2.0,
+                 tcp_wait: float = 30.0) -> None:
+        self.pathctl = PathControl(run_dir, deadline=plan_deadline, tcp_wait=tcp_wait)
         self.unavailable: str | None = None
         self.prober: ProbeWorker | None = None
         self._ready: list[tuple[str, dict[str, Any]]] = []

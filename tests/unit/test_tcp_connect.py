@@ -111,7 +111,7 @@ def test_planned_ports_then_fallback_then_replan(built: None, listener: socket.s
 def test_plan_result_reports_whether_the_connection_moved(built: None, listener: socket.socket,
                                                           tmp_path: Path) -> None:
     dport = listener.getsockname()[1]
-    pc = PathControl(tmp_path / "run", deadline=0.5)
+    pc = PathControl(tmp_path / "run", deadline=0.5, tcp_wait=0.5)
     pc.start()
     c = None
     try:
@@ -139,11 +139,39 @@ def test_plan_result_reports_whether_the_connection_moved(built: None, listener:
         pc.close()
 
 
+def test_a_reconnect_after_the_qp_deadline_is_applied(built: None, listener: socket.socket,
+                                                      tmp_path: Path) -> None:
+    """A job reconnects at its next step boundary, seconds after the plan (the lab's 16-host
+    ring: every assignment of a plan was reported "reconnect to apply" after 2 s, and the ring
+    reconnected on the planned ports later): the TCP wait is its own, longer than a QP's."""
+    dport = listener.getsockname()[1]
+    pc = PathControl(tmp_path / "run", deadline=0.2, tcp_wait=10.0)
+    pc.start()
+    c = Client(pc.ports.path, dport, "plain")
+    try:
+        pc.ports.update({"old": ("127.0.0.1", dport, 42101)})
+        assert c.connect() == 42101
+        pc.submit({"plan_id": "p", "assignments": [
+            {"id": "t", "proto": "tcp", "sport": 42102, "dst": "127.0.0.1", "dport": dport,
+             "old_sport": 42101}]})
+        time.sleep(0.6)  # past the QP deadline: still waiting for the reconnect
+        assert pc.results() == []
+        assert c.connect() == 42102  # the step boundary
+        deadline = time.monotonic() + 5
+        while not (out := pc.results()):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert out[0]["applied"] == [{"id": "t", "sport": 42102}] and not out[0]["failed"]
+    finally:
+        c.close()
+        pc.close()
+
+
 def test_tcp_plans_are_checked_off_the_loop_thread_and_rate_limited(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """/proc/net/tcp lists every connection in the namespace: the agent's loop, which asks for
     results every 20 ms while a plan is in flight, never reads it; the socket thread reads it
-    at most every TCP_RECHECK_S until the plan's deadline."""
+    at most every TCP_RECHECK_S until the plan's TCP deadline."""
     from c4.agent import pathctl
 
     reads: list[str] = []
@@ -153,7 +181,7 @@ def test_tcp_plans_are_checked_off_the_loop_thread_and_rate_limited(
         return established(proc_root)
 
     monkeypatch.setattr(pathctl, "established", counted)
-    pc = PathControl(tmp_path / "run", deadline=1.0)
+    pc = PathControl(tmp_path / "run", deadline=1.0, tcp_wait=1.0)
     pc.start()
     try:
         pc.submit({"plan_id": "p", "assignments": [
