@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -192,7 +193,12 @@ def test_colliding_flows_spread_over_the_spines_and_the_job_speeds_up(
     # lowers it (before: unknown, a live connection's port could not be traced)
     assert p["current_max_util"] is not None and p["current_max_util"] > p["proposed_max_util"]
     assert p["unplanned_reasons"] == {"too small to move": 4}  # the accepting ends (acks)
-    assert planned.applied["assignments"] == p["moved"]
+    # what went out: the proposal of the moment `c4 plan apply` ran (a periodic proposal may
+    # have replaced the one shown above; the measured demands differ from report to report)
+    with sqlite3.connect(lab.dir / "c4.db") as db:
+        body = json.loads(db.execute("SELECT body FROM plans WHERE id=?",
+                                     (planned.applied["plan_id"],)).fetchone()[0])
+    assert len(body) == planned.applied["assignments"] >= 2, body
     for r in ("r0", "r1"):
         assert planned.spines_after[f"{r}c0"] != planned.spines_after[f"{r}c1"], \
             planned.spines_after
@@ -211,7 +217,8 @@ def test_colliding_flows_spread_over_the_spines_and_the_job_speeds_up(
     # where it was keeps its port: its current path is known, nothing needs it moved)
     ports = (lab.host_dir("node000") / "run" / "tcp-ports").read_text()
     told = [int(x.split()[2]) for x in ports.splitlines() if not x.startswith("#")]
-    assert len(told) == sum(m["host"] == "node000" for m in p["moves"]) >= 1, (told, p["moves"])
+    assert sorted(told) == sorted(a["sport"] for a in body.values() if a["host"] == "node000")
+    assert told, body
     assert set(told) <= {c["sport"] for c in c4p.connections(planned.run_dir) if c["rank"] == 0}
 
 
