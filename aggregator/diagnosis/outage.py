@@ -106,6 +106,10 @@ class OutageDetector:
         self.waits: dict[str, deque[tuple[float, int, int]]] = {}
         self.flows: dict[FlowKey, FlowCell] = {}
         self.swept = 0.0  # last expiry of idle flows
+        # component named -> (the bad observations that named it, when last): one fault, one
+        # incident (_one_fault)
+        self.named: dict[str, tuple[frozenset[Hashable], float]] = {}
+        self._bad_of: dict[int, frozenset[Hashable]] = {}  # id(finding) -> its bad, this tick
 
     def on_rdma(self, host: str, section: dict[str, Any], interval: float, now: float) -> None:
         for port in section.get("ports", []):
@@ -157,6 +161,27 @@ class OutageDetector:
                 del self.flows[key]
 
     def tick(self, now: float) -> list[Finding]:
+        self._bad_of = {}
+        found = self._judge(now)
+        return [f for f in found if self._one_fault(f, self._bad_of[id(f)], now)]
+
+    def _one_fault(self, f: Finding, bad: frozenset[Hashable], now: float) -> bool:
+        """Whether `f` is a fault of its own: not when every bad observation behind it was
+        behind another component named within the window. The window keeps an outage's
+        timeouts and stall messages for WINDOW_S, and when C4P moves the connections off the
+        named link their stall messages at the reconnect place them on the new link (lab run
+        H: a down leaf03-spine01 named, then leaf03-spine00 at 0.86 from a subset of the
+        same NICs and connections)."""
+        key = f.suspects[0].id
+        for other, (theirs, at) in list(self.named.items()):
+            if now - at > WINDOW_S:
+                del self.named[other]
+            elif other != key and bad <= theirs:
+                return False
+        self.named[key] = (bad | self.named.get(key, (frozenset(), now))[0], now)
+        return True
+
+    def _judge(self, now: float) -> list[Finding]:
         start = now - WINDOW_S
         self._expire(start)
         beats = {nic: sum(1 for b in q if b >= start) for nic, q in self.beats.items()}
@@ -414,8 +439,10 @@ class OutageDetector:
             first = min((t for q in self.waits.values() for t, _, _ in q),
                         default=min((t for fc in self.flows.values() for t in fc.retrans),
                                     default=0.0))
-        return Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
-                       first, aliases=aliases)
+        f = Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
+                    first, aliases=aliases)
+        self._bad_of[id(f)] = frozenset(top.bad)
+        return f
 
 
 def _cable_mass(ranked: list[localise.Hypothesis]) -> dict[str, float]:

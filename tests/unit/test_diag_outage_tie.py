@@ -19,7 +19,9 @@ the fault):
   the leaf connections enter, before flows were required;
 - 10-down-leaf02-spine00 (lab run F): leaf03 -> leaf02 connections stuck and flows
   retransmitting, the belief split between the cable failing both ways (0.55) and into
-  leaf02 (0.43): one cable, but neither reached 0.8 and nothing was named."""
+  leaf02 (0.43): one cable, but neither reached 0.8 and nothing was named;
+- 12-down-leaf03-spine01-replan (lab run H): named, then C4P moved the connections and a
+  second link was named from the same evidence."""
 from __future__ import annotations
 
 import shutil
@@ -134,3 +136,17 @@ def test_a_bystander_retransmitting_at_another_hosts_timeouts_names_nothing(
                                                    for i in incs]
     (inc,) = incs
     assert inc["suspects"][0]["id"] == "node005/mlx5_0->node007/mlx5_0"
+
+
+def test_a_replan_moving_the_stuck_connections_names_no_second_link(tmp_path: Path) -> None:
+    """12-down-leaf03-spine01-replan (lab run H, C4P applying plans on its own): the down
+    link named at 1.0 from 5 hosts' timeouts, stuck connections and retransmitting flows;
+    C4P moved the connections off it, and their stall messages at the reconnect, with the
+    same NICs' timeouts still in the window, named leaf03-spine00 (0.86) 4 s later, a second
+    incident from a subset of the first one's evidence. One fault, one incident."""
+    name = "12-down-leaf03-spine01-replan"
+    rec, truth = unpack(name, tmp_path)
+    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
+    incs = run(rec, truth)
+    assert [(i["suspects"][0]["id"], bool(i["localised"])) for i in incs] == \
+        [("leaf03-spine01", True)], [(i["summary"], i["suspects"][:2]) for i in incs]
