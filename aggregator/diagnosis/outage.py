@@ -20,8 +20,8 @@ connections it covers:
   timeouts); it covers its own path and so separates such ties;
 - a TCP flow (the agents' eBPF `tcp_flows`: a TCP job, or the lab's ring): bad when it
   retransmitted in `MIN_BEATS` reports of the window each within `PAIR_S` of an ACK timeout
-  of its own sending host (retransmits away from every timeout are congestion drops; at
-  other hosts' timeouts only, a bystander's), in more than half as many
+  of its own sending host, whose NIC is bad (retransmits away from every timeout are
+  congestion drops; at other hosts' timeouts only, a bystander's), in more than half as many
   reports as its host's most persistent flow and more than a quarter as many as any flow's
   (every flow through a blackholing link retransmits at each of its outages; one that did
   once or twice as the ring stalled and resumed is a bystander, neither bad nor clear: it
@@ -106,9 +106,10 @@ class OutageDetector:
         self.waits: dict[str, deque[tuple[float, int, int]]] = {}
         self.flows: dict[FlowKey, FlowCell] = {}
         self.swept = 0.0  # last expiry of idle flows
-        # component key named -> (the bad observations that named it, when last): one fault,
-        # one incident (_one_fault)
+        # component named -> (the bad observations that named it, when last): one fault, one
+        # incident (_one_fault)
         self.named: dict[str, tuple[frozenset[Hashable], float]] = {}
+        self._bad_of: dict[int, frozenset[Hashable]] = {}  # id(finding) -> its bad, this tick
 
     def on_rdma(self, host: str, section: dict[str, Any], interval: float, now: float) -> None:
         for port in section.get("ports", []):
@@ -160,34 +161,27 @@ class OutageDetector:
                 del self.flows[key]
 
     def tick(self, now: float) -> list[Finding]:
-        return [f for f, h in self._judge(now) if self._one_fault(f, frozenset(h.bad), now)]
+        self._bad_of = {}
+        found = self._judge(now)
+        return [f for f in found if self._one_fault(f, self._bad_of[id(f)], now)]
 
     def _one_fault(self, f: Finding, bad: frozenset[Hashable], now: float) -> bool:
-        """One fault, one incident, as slow.py's `_one_fault`: `f` is not a fault of its own
-        when every bad observation behind it was behind another component named within the
-        window; it supersedes (Finding.supersedes) one named on part of its own. The window
-        keeps an outage's timeouts and stall messages for WINDOW_S, and when C4P moves the
-        connections off the named link their stall messages at the reconnect place them on
-        the new link (lab run H: a down leaf03-spine01 named, then leaf03-spine00 at 0.86
-        from a subset of the same NICs and connections)."""
-        key = f.suspects[0].key
-        supersedes = []
+        """Whether `f` is a fault of its own: not when every bad observation behind it was
+        behind another component named within the window. The window keeps an outage's
+        timeouts and stall messages for WINDOW_S, and when C4P moves the connections off the
+        named link their stall messages at the reconnect place them on the new link (lab run
+        H: a down leaf03-spine01 named, then leaf03-spine00 at 0.86 from a subset of the
+        same NICs and connections)."""
+        key = f.suspects[0].id
         for other, (theirs, at) in list(self.named.items()):
             if now - at > WINDOW_S:
                 del self.named[other]
-            elif other == key:
-                continue
-            elif bad <= theirs:
+            elif other != key and bad <= theirs:
                 return False
-            elif theirs <= bad:
-                supersedes.append(other)
-                del self.named[other]
         self.named[key] = (bad | self.named.get(key, (frozenset(), now))[0], now)
-        f.supersedes += tuple(supersedes)
         return True
 
-    def _judge(self, now: float) -> list[tuple[Finding, localise.Hypothesis]]:
-        """The findings of this tick, each with the hypothesis that named it."""
+    def _judge(self, now: float) -> list[Finding]:
         start = now - WINDOW_S
         self._expire(start)
         beats = {nic: sum(1 for b in q if b >= start) for nic, q in self.beats.items()}
@@ -273,17 +267,17 @@ class OutageDetector:
             return []
         sure = top.posterior >= self.cfg.localise_confidence
         if sure and _per_connection(top, host, covers, set()):
-            return [(self._finding(top, covers, host, beats), top)]
+            return [self._finding(top, covers, host, beats)]
         # NICs alone: the two ends of the same paths (measured: the wrong one); a blackhole
         # is told apart by the way its connections cross it (and says which way it failed),
         # else by flows that kept moving data through one end at the timeouts
         return self._blackhole(ranked, link.id, bad, host, covers, beats) or (
-            [(self._finding(top, covers, host, beats), top)]
+            [self._finding(top, covers, host, beats)]
             if sure and through and _per_connection(top, host, covers, through) else [])
 
     def _lone(self, bad: set[Hashable], covers: dict[Hashable, list[Conn]],
               cells: dict[Hashable, list[localise.Component]], host: dict[Hashable, str],
-              beats: dict[str, int]) -> list[tuple[Finding, localise.Hypothesis]]:
+              beats: dict[str, int]) -> list[Finding]:
         """One host's connections time out across a link only they cross: no second host
         separates the links of their path (lab run E: a flap of leaf03-spine01, which only
         node005 -> node007 crossed, opened nothing). With its NIC's timeouts and
@@ -298,7 +292,7 @@ class OutageDetector:
         ranked = localise.rank(bad, cells)
         if len(ends) != 1 or None in ends or not ranked or ranked[0].kind != "link":
             return []
-        return [(self._finding(ranked[0], covers, host, beats, ends.pop()), ranked[0])]
+        return [self._finding(ranked[0], covers, host, beats, ends.pop())]
 
     def _set_aside(self, covers: dict[Hashable, list[Conn]], bad: set[Hashable],
                    since: float) -> None:
@@ -315,7 +309,7 @@ class OutageDetector:
 
     def _blackhole(self, ranked: list[localise.Hypothesis], top: str, bad: set[Hashable],
                    host: dict[Hashable, str], covers: dict[Hashable, list[Conn]],
-                   beats: dict[str, int]) -> list[tuple[Finding, localise.Hypothesis]]:
+                   beats: dict[str, int]) -> list[Finding]:
         """The fabric link of a tie between the two ends of the same paths that the stuck
         connections' data enters its leaf by. A link that fails is dropped at once by its two
         ends (carrier loss is local): what its own leaf sends is rerouted, what the other
@@ -368,7 +362,7 @@ class OutageDetector:
         f.summary += (f"; {len(into[best])} of {len(keys)} connections' data enters {leaf} "
                       f"by it, tied with {', '.join(c for c in sorted(tied) if c != best)}: "
                       "a blackhole drops what other leaves send towards the failed link's leaf")
-        return [(f, tied[best])]
+        return [f]
 
     def _into_leaf(self, cell: Cell | FlowCell) -> str | None:
         """The fabric link (cable) by which a connection's data enters a leaf, if one."""
@@ -445,8 +439,10 @@ class OutageDetector:
             first = min((t for q in self.waits.values() for t, _, _ in q),
                         default=min((t for fc in self.flows.values() for t in fc.retrans),
                                     default=0.0))
-        return Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
-                       first, aliases=aliases)
+        f = Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
+                    first, aliases=aliases)
+        self._bad_of[id(f)] = frozenset(top.bad)
+        return f
 
 
 def _cable_mass(ranked: list[localise.Hypothesis]) -> dict[str, float]:

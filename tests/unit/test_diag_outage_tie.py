@@ -29,9 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from c4.aggregator.diagnosis.config import DiagnosisConfig
-from c4.aggregator.diagnosis.outage import WINDOW_S, OutageDetector
-from c4.aggregator.diagnosis.findings import Finding, Suspect
+from c4.aggregator.diagnosis.outage import OutageDetector
+from c4.aggregator.diagnosis.findings import Finding
 from c4.core import record, wire
 from tests.unit.test_diag_outage import LAB, rewrite, run, unpack
 
@@ -151,22 +150,3 @@ def test_a_replan_moving_the_stuck_connections_names_no_second_link(tmp_path: Pa
     incs = run(rec, truth)
     assert [(i["suspects"][0]["id"], bool(i["localised"])) for i in incs] == \
         [("leaf03-spine01", True)], [(i["summary"], i["suspects"][:2]) for i in incs]
-
-
-def test_one_fault_keeps_the_component_that_explains_the_most() -> None:
-    """The rule behind the test above, on its own: a component named from part of an earlier
-    one's observations is no fault of its own; one named from more of them supersedes it
-    (incidents.py then merges the earlier incident into it); past the window both stand."""
-    det = OutageDetector(DiagnosisConfig(), None, {})  # type: ignore[arg-type]
-
-    def named(link: str, bad: set[str], now: float) -> Finding | None:
-        f = Finding("comm_slow", None, None, [Suspect("link", link, confidence=0.9)], "", {},
-                    now)
-        return f if det._one_fault(f, frozenset(bad), now) else None
-
-    assert named("a", {"nic:1", "nic:2", "conn:3"}, 10.0) is not None
-    assert named("b", {"nic:1", "conn:3"}, 12.0) is None  # the same fault's evidence
-    c = named("c", {"nic:1", "nic:2", "conn:3", "flow:4"}, 14.0)
-    assert c is not None and c.supersedes == ("link:a",)
-    assert named("a", {"nic:1"}, 15.0) is None  # c explains it now
-    assert named("b", {"nic:1", "conn:3"}, 14.0 + WINDOW_S + 1) is not None  # c is old
