@@ -20,8 +20,8 @@ connections it covers:
   timeouts); it covers its own path and so separates such ties;
 - a TCP flow (the agents' eBPF `tcp_flows`: a TCP job, or the lab's ring): bad when it
   retransmitted in `MIN_BEATS` reports of the window each within `PAIR_S` of an ACK timeout
-  of its own sending host, whose NIC is bad (retransmits away from every timeout are
-  congestion drops; at other hosts' timeouts only, a bystander's), in more than half as many
+  of its own sending host (retransmits away from every timeout are congestion drops; at
+  other hosts' timeouts only, a bystander's), in more than half as many
   reports as its host's most persistent flow and more than a quarter as many as any flow's
   (every flow through a blackholing link retransmits at each of its outages; one that did
   once or twice as the ring stalled and resumed is a bystander, neither bad nor clear: it
