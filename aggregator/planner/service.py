@@ -715,6 +715,7 @@ class Planner:
             "proposed_max_util": round(r.max_util, 4), "moved": len(r.moved),
             "noise_margin": None if p.margin is None else round(p.margin, 4),
             "auto_gain_needed": None if need is None else round(need, 4),
+            "gains": self._gains(p),
             "plan_ms": round(r.seconds * 1e3, 2), "links": rows, "moves": mv}
         return out
 

@@ -35,14 +35,22 @@ def new_prefix() -> str:
     return "t" + secrets.token_hex(3)
 
 
-@pytest.fixture
-def lab() -> Iterator[LabState]:
-    """The default lab (8 hosts, 4 leaves, 2 spines), removed whatever the test did."""
+def lab_for(request: pytest.FixtureRequest,
+            collectors: tuple[str, ...] = control.DEFAULT_COLLECTORS) -> Iterator[LabState]:
+    """The default lab (8 hosts, 4 leaves, 2 spines), removed whatever the test did. C4P
+    applies its plans on their own, as `c4 lab up` does, unless the test is marked
+    `fixed_paths`."""
     prefix = new_prefix()
+    auto = request.node.get_closest_marker("fixed_paths") is None
     try:
-        yield control.up(None, prefix)
+        yield control.up(None, prefix, collectors, auto_apply=auto)
     finally:
         control.down(prefix)
+
+
+@pytest.fixture
+def lab(request: pytest.FixtureRequest) -> Iterator[LabState]:
+    yield from lab_for(request)
 
 
 @pytest.fixture
@@ -54,6 +62,50 @@ def ring(lab: LabState) -> Iterator[str]:
     yield rid
 
 
+# C4P's hold-down after a plan (aggregator.toml [planning] settle_s, the lab keeps the default)
+SETTLE_S = 30.0
+
+
+def plan_view(st: LabState) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{st.api}/api/v1/plan", timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def at_rest(view: dict[str, Any], now: float) -> bool:
+    """Whether C4P, applying on its own, is done moving the job: it knows what the links carry
+    now, its proposal would not be applied, and the last plan's connections have all
+    reconnected and settled."""
+    p, last = view.get("proposal"), view.get("last_plan")
+    if p is None or p["current_max_util"] is None or p["gains"]:
+        return False
+    return last is None or (not last["waiting"] and now - last["created"] >= SETTLE_S)
+
+
+# how long `at_rest` must hold: two periodic proposals (the lab's interval_s, 10 s), long
+# enough for young flows (all noise to the planner) to be measured and a gaining plan applied
+REST_HOLD_S = 20.0
+
+
+@pytest.fixture
+def steady(lab: LabState, ring: str) -> str:
+    """The ring job once C4P is at rest (`at_rest` for REST_HOLD_S; at once with auto_apply
+    off): a fault injected on the link the job's connections cross now must not race a
+    periodic plan that moves them elsewhere (a flap on a link a plan had just emptied opened
+    no incident in CI)."""
+    t0 = time.monotonic()
+    since: float | None = None
+    view = plan_view(lab)
+    while view["auto_apply"]:
+        now = time.monotonic()
+        since = (since or now) if at_rest(view, time.time()) else None
+        if since is not None and now - since >= REST_HOLD_S:
+            break
+        if now - t0 > 180:
+            pytest.fail(f"C4P not at rest after 180 s: {json.dumps(view)[:3000]}")
+        time.sleep(2.0)
+        view = plan_view(lab)
+    print(f"C4P at rest after {time.monotonic() - t0:.0f} s, last plan:", view["last_plan"])
+    return ring
 def incidents(st: LabState, state: str | None = None) -> list[dict[str, Any]]:
     q = f"?state={state}" if state else ""
     with urllib.request.urlopen(f"{st.api}/api/v1/incidents{q}", timeout=5) as r:

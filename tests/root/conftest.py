@@ -1,2 +1,2 @@
 """Fixtures shared by the root tests (the lab's: tests/root/_lab.py)."""
-from ._lab import lab, ring  # noqa: F401 (pytest fixtures)
+from ._lab import lab, ring, steady  # noqa: F401 (pytest fixtures)

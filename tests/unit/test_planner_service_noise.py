@@ -51,6 +51,7 @@ def test_noisy_demand_on_a_balanced_placement_applies_no_plan():
     assert v["current_max_util"] - v["proposed_max_util"] > 0.05 * v["current_max_util"]
     assert v["current_max_util"] - v["proposed_max_util"] < v["auto_gain_needed"]
     assert v["noise_margin"] > 0
+    assert v["gains"] is False
 
 
 def test_steady_demand_on_the_same_placement_is_left_alone_too():
@@ -70,8 +71,9 @@ def test_a_real_collision_is_planned_once_its_flows_are_measured():
     # two connections share spine00's uplink, each at about half its 25 G, with noise
     now = report(p, same, [[1, 1], [11, 13], [12.5, 11.5]])
     p.tick(now)  # new flows: measured twice, not yet enough to act on
-    assert plans(p) == []
+    assert plans(p) == [] and p.view(now)["proposal"]["gains"] is False
     now = report(p, same, [[13, 12], [11.5, 13.5], [12, 12.5], [13, 11]], now + 1)
+    assert p.view(now)["proposal"]["gains"] is True  # what auto_apply is about to push
     p.tick(now)
     [plan] = plans(p)
     assert len(plan["assignments"]) == 1  # one of them moves to spine01

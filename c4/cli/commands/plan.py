@@ -87,7 +87,9 @@ def plan_view(d: dict[str, Any], links: int = 20) -> Group:
                      f"{_u(p['current_max_util'])} now -> {_u(p['proposed_max_util'])}, "
                      f"{p['moved']} of {p['planned']} flows move, {p['unplanned']} not planned"
                      + (f" ({', '.join(f'{k}: {v}' for k, v in p['unplanned_reasons'].items())})"
-                        if p["unplanned_reasons"] else "") + f", {p['plan_ms']} ms")
+                        if p["unplanned_reasons"] else "") + f", {p['plan_ms']} ms"
+                     + ((", gains enough to apply on its own" if p.get("gains") else
+                         ", gain below the auto-apply margin") if d.get("auto_apply") else ""))
         t = Table(title="busiest links (utilisation per direction)")
         for col in ("link", "direction", "Gb/s", "now", "planned", "health"):
             t.add_column(col, justify="right" if col in ("Gb/s", "now", "planned") else "left")
