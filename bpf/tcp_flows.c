@@ -17,6 +17,7 @@
  *   C4_HAVE_PROBE_COOKIE            tcp:tcp_probe has sock_cookie
  *   C4_HAVE_PROBE_SND_WND           tcp:tcp_probe has snd_wnd (zero-window intervals)
  *   C4_HAVE_RETRANS_ERR             tcp:tcp_retransmit_skb has err (6.x: fires on failures too)
+ *   C4_HAVE_CONG_STATE              tcp:tcp_cong_state_set (6.2+): retransmission timeouts
  *   C4_HAVE_KFREE_REASON            skb:kfree_skb has reason (5.17+)
  *   C4_HAVE_RX_SK                   skb:kfree_skb has rx_sk (drops attributable to a socket)
  *   C4_HAVE_SEND_RESET              tcp:tcp_send_reset with sockaddr-style saddr/daddr
@@ -77,6 +78,7 @@ enum {
 	S_HIT_DROP,
 	S_HIT_RESET,
 	S_HIT_OWNER,
+	S_HIT_CONG,
 	S_NSTATS,
 };
 
@@ -112,6 +114,7 @@ struct flow {
 	u32 burst_count;
 	u32 zero_wnd;       /* epochs (intervals) in which a segment found the peer's window 0 */
 	u32 zwnd_epoch;     /* the last of them */
+	u32 rto;            /* retransmission timeouts (entries into TCP_CA_Loss) */
 	u16 sport;
 	u16 dport;
 	u16 family;
@@ -395,6 +398,34 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 	}
 	return 0;
 }
+
+#ifdef C4_HAVE_CONG_STATE
+#define C4_TCP_CA_LOSS 4 /* enum tcp_ca_state */
+/* A retransmission timeout puts the socket in Loss (tcp_enter_loss, once per expiry of the
+ * timer, backoffs included): the TCP counterpart of an RDMA NIC's ACK timeouts, per flow, with
+ * no NIC counter involved. (Loss is also entered when the path MTU shrinks: rare.) */
+TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
+{
+	if (args->cong_state != C4_TCP_CA_LOSS)
+		return 0;
+	stat_inc(S_HIT_CONG);
+	struct config *c = cfg();
+	if (!c)
+		return 0;
+	u64 sk = (u64)args->skaddr;
+	struct flow *f = flows.lookup(&sk);
+	if (!f) {
+		struct tuple t = {};
+		TUPLE_FROM_SPLIT(&t, args);
+		f = flow_create(c, sk, &t, C4_TCP_ESTABLISHED);
+		if (!f)
+			return 0;
+	}
+	if (!f->ignored)
+		__sync_fetch_and_add(&f->rto, 1);
+	return 0;
+}
+#endif
 
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {

@@ -176,7 +176,7 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
     """Map the running kernel's tracepoint formats to -D flags for bpf/tcp_flows.c."""
     fmts = {tp: read_format(tracefs, tp) for tp in (
         *REQUIRED_TRACEPOINTS, "tcp/tcp_send_reset", "tcp/tcp_receive_reset",
-        "sock/sock_send_length", "sock/sock_recv_length")}
+        "sock/sock_send_length", "sock/sock_recv_length", "tcp/tcp_cong_state_set")}
     for tp, need in REQUIRED_FIELDS.items():
         fmt = fmts[tp]
         if fmt is None:
@@ -200,6 +200,7 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
         (has("tcp/tcp_probe", "sock_cookie"), "C4_HAVE_PROBE_COOKIE", "cookie"),
         (has("tcp/tcp_probe", "snd_wnd"), "C4_HAVE_PROBE_SND_WND", "zero_window"),
         (has("tcp/tcp_retransmit_skb", "err"), "C4_HAVE_RETRANS_ERR", "retrans_err"),
+        (has("tcp/tcp_cong_state_set", *SPLIT_TUPLE, "cong_state"), "C4_HAVE_CONG_STATE", "rto"),
         (has("skb/kfree_skb", "reason"), "C4_HAVE_KFREE_REASON", "drop_reason"),
         (has("skb/kfree_skb", "rx_sk"), "C4_HAVE_RX_SK", "rx_sk"),
         # only the sockaddr layout (6.x); older kernels split v4/v6 fields here
@@ -230,7 +231,7 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
 # ------------------------------------------------------------------------ map-entry decoding
 
 # Layouts of struct flow / struct event in bpf/tcp_flows.c (sizes checked against BCC's).
-FLOW_LAYOUT = struct.Struct("=5Q13I3H5B16s16s16sx")
+FLOW_LAYOUT = struct.Struct("=5Q14I3H5B16s16s16s5x")
 EVENT_LAYOUT = struct.Struct("=Q3I3H2B16s16s16s4x")
 CLOSED_KEY = struct.Struct("=2Q")
 FIRST_NS = struct.Struct("=Q")  # struct flow starts with first_ns
@@ -240,7 +241,7 @@ TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1
                    10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
 # indexes of the `stats` per-CPU array (enum in bpf/tcp_flows.c)
 STATS = ("map_full", "closed_full", "events_lost", "hit_probe", "hit_retrans", "hit_state",
-         "hit_drop", "hit_reset", "hit_owner")
+         "hit_drop", "hit_reset", "hit_owner", "hit_cong")
 DROP_SLOTS = 256
 EV_RETRANS_BURST, EV_RESET_SENT, EV_RESET_RECEIVED = 1, 2, 3
 
@@ -281,6 +282,7 @@ class FlowEntry(NamedTuple):
     burst_count: int
     zero_wnd: int
     zwnd_epoch: int
+    rto: int
     sport: int
     dport: int
     family: int
@@ -350,11 +352,12 @@ def _layout_keeping(names: tuple[str, ...]) -> struct.Struct:
 # interval, it skips the 16-byte strings and the fields only the kernel uses
 HOT_FIELDS = ("first_ns", "cookie", "bytes_acked", "bytes_received", "retrans", "retrans_fail",
               "drops", "last_drop_reason", "state_changes", "srtt_us", "cwnd", "pid",
-              "zero_wnd", "state", "owner_known", "ignored", "closed")
+              "zero_wnd", "rto", "state", "owner_known", "ignored", "closed")
 HOT_LAYOUT = _layout_keeping(HOT_FIELDS)
 
-Counts = tuple[int, int, int, int, int]  # bytes_acked, bytes_received, retrans, drops, zero_wnd
-ZERO: Counts = (0, 0, 0, 0, 0)
+# bytes_acked, bytes_received, retrans, drops, zero_wnd, rto
+Counts = tuple[int, int, int, int, int, int]
+ZERO: Counts = (0, 0, 0, 0, 0, 0)
 LISTED, UNATTRIBUTED, IGNORED = 0, 1, 2  # what a flow is to the report
 COUNTER_KEYS = ("state", "bytes_acked", "bytes_received", "retrans_segs", "bytes_acked_delta",
                 "bytes_received_delta", "retrans_segs_delta", "bytes_acked_rate",
@@ -453,7 +456,7 @@ class FlowTable:
               listed: list[Listed]) -> Seen:
         """The flow's state after entry `raw`; its row goes to `listed` unless it is hidden."""
         (first_ns, cookie, acked, received, retrans, retrans_fail, drops, last_drop,
-         state_changes, srtt_us, cwnd, pid, zero_wnd, state, owner_known, ignored,
+         state_changes, srtt_us, cwnd, pid, zero_wnd, rto, state, owner_known, ignored,
          closed) = HOT_LAYOUT.unpack(raw)
         if st is None or st.first_ns != first_ns:  # new, or its socket address was reused
             st = Seen(first_ns)
@@ -468,7 +471,7 @@ class FlowTable:
         if st.pid != pid or st.cookie != cookie:
             st.pid, st.cookie, st.template = pid, cookie, self._template(FlowEntry.decode(raw))
         p = st.counts
-        st.counts = (acked, received, retrans, drops, zero_wnd)
+        st.counts = (acked, received, retrans, drops, zero_wnd, rto)
         acked_d, received_d, retrans_d = acked - p[0], received - p[1], retrans - p[2]
         row = st.template.copy()
         row["state"] = TCP_STATE_NAMES.get(state, "UNKNOWN")
@@ -493,6 +496,9 @@ class FlowTable:
         if zero_wnd:
             row["zero_window"] = zero_wnd
             row["zero_window_delta"] = zero_wnd - p[4]
+        if rto:
+            row["rto"] = rto
+            row["rto_delta"] = rto - p[5]
         listed.append((acked_d + received_d, retrans_d, st, row))
         return st
 

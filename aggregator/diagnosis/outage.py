@@ -4,8 +4,10 @@ threshold and although the job recovers between outages.
 
 What an outage leaves on the hosts (measured on the lab's fabric, docs/lab.md):
 - the senders' retransmission timers fire: the NICs of the hosts whose connections cross the
-  link count ACK timeouts (`local_ack_timeout_err`; TCP's RTOs on the lab) in the report after
-  each outage. A lossless fabric, a hung rank, a straggler or a CPU hiccup cause none;
+  link count ACK timeouts in the report after each outage: RoCE's in the NIC
+  (`local_ack_timeout_err`), TCP's per connection in the kernel (eBPF tcp_flows `rto`, set
+  against the NIC its source address is on). A lossless fabric, a hung rank, a straggler or a
+  CPU hiccup cause none;
 - sometimes (when no other channel keeps the communicator progressing for `C4_STALL_MS`) a
   stall message, whose connections in SendWait are the stuck ones.
 Three kinds of observation vote together (localise.rank), each through the components of the
@@ -114,7 +116,14 @@ class OutageDetector:
     def on_rdma(self, host: str, section: dict[str, Any], interval: float, now: float) -> None:
         for port in section.get("ports", []):
             if port_rates(port, (COUNTER,), interval).get(COUNTER, 0.0) > 0:
-                self.beats.setdefault(endpoint(host, port["dev"]), deque()).append(now)
+                self._beat(endpoint(host, port["dev"]), now)
+
+    def _beat(self, nic: str, now: float) -> None:
+        """A report in which `nic` timed out: one per report, whether its RoCE counter, its
+        TCP flows' RTOs or both said so."""
+        q = self.beats.setdefault(nic, deque())
+        if not q or q[-1] != now:
+            q.append(now)
 
     def on_stall(self, comm: Comm, rk: Rank, attrs: dict[str, Any], now: float) -> None:
         q = self.waits.setdefault(comm.comm, deque())
@@ -125,7 +134,10 @@ class OutageDetector:
     def on_flows(self, host: str, section: dict[str, Any], now: float) -> None:
         """Bulk senders (acked `tcp_min_bytes` in a report) and their retransmitting reports;
         a socket that only sends acks and credits back is left out: the path map knows the
-        data direction of a connection, not the 5-tuple its replies hash on."""
+        data direction of a connection, not the 5-tuple its replies hash on. Any flow's
+        retransmission timeouts are its NIC's ACK timeouts (a RoCE NIC counts its QPs'; TCP's
+        are the kernel's, which no NIC counter sees); a report with one is a retransmitting
+        report of the flow (one RTO resends one segment: no congestion drop does that)."""
         floor = self.cfg.tcp_min_bytes
         for f in section.get("flows") or ():
             key = (host, f["saddr"], f["sport"], f["daddr"], f["dport"])
@@ -133,13 +145,19 @@ class OutageDetector:
             if f["closed"]:
                 self.flows.pop(key, None)
                 continue
+            rto = f.get("rto_delta", 0) > 0
+            if rto:
+                nic = self.model.nic_of_addr(bare_addr(f["saddr"]))
+                if nic is not None:
+                    self._beat(nic, now)
+            lost = rto or f["retrans_segs_delta"] >= FLOW_RETRANS
             if f["bytes_acked_delta"] >= floor:
                 if fc is None:
                     fc = self.flows[key] = FlowCell(self.model.job_of_flow(host, f), now)
                 fc.moved = now
-                if f["retrans_segs_delta"] < FLOW_RETRANS:
+                if not lost:
                     fc.clean.append(now)
-            if fc is not None and f["retrans_segs_delta"] >= FLOW_RETRANS:
+            if fc is not None and lost:
                 fc.retrans.append(now)
 
     def _expire(self, start: float) -> None:

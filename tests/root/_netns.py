@@ -39,6 +39,13 @@ class Pair:
                                          "/proc/net/snmp").splitlines() if ln.startswith("Tcp:")]
         return int(lines[1][lines[0].index("RetransSegs")])
 
+    def tcp_timeouts(self) -> int:
+        """TcpExt TCPTimeouts of the sender namespace: its retransmission timer expiries."""
+        lines = [ln.split() for ln in sh("ip", "netns", "exec", self.a, "cat",
+                                         "/proc/net/netstat").splitlines()
+                 if ln.startswith("TcpExt:")]
+        return int(lines[1][lines[0].index("TCPTimeouts")])
+
     def netns_inode(self, ns: str) -> int:
         return os.stat(f"/run/netns/{ns}").st_ino
 
@@ -74,6 +81,16 @@ def drop_ingress(p: Pair, port: int, percent: int) -> None:
     """Drop `percent`% of the TCP segments to `port` arriving in the receiver namespace."""
     rules = (f"table inet {NFT_TABLE} {{\n chain in {{\n  type filter hook input priority 0;\n"
              f"  tcp dport {port} numgen random mod 100 < {percent} counter drop\n }}\n}}\n")
+    subprocess.run(["ip", "netns", "exec", p.b, "nft", "-f", "-"], input=rules, text=True,
+                   check=True)
+
+
+def blackhole_data(p: Pair, port: int, on: bool) -> None:
+    """Drop (or stop dropping) every data segment to `port` arriving in the receiver namespace;
+    the handshake and pure acks (short packets) pass."""
+    rules = (f"table inet {NFT_TABLE}bh {{\n chain in {{\n  type filter hook input priority 0;\n"
+             f"  tcp dport {port} meta length > 200 drop\n }}\n}}\n" if on else
+             f"delete table inet {NFT_TABLE}bh\n")
     subprocess.run(["ip", "netns", "exec", p.b, "nft", "-f", "-"], input=rules, text=True,
                    check=True)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -16,7 +17,7 @@ from c4.agent.collectors.base import Context, Sample
 from c4.agent.collectors.tcp_flows import TcpFlowsCollector
 from tests.wire_check import validate_sample, validate_section
 
-from ._netns import Pair, drop_ingress, free_port, netns_pair, nft_dropped
+from ._netns import Pair, blackhole_data, drop_ingress, free_port, netns_pair, nft_dropped
 
 RECEIVER = r"""
 import socket, sys, time
@@ -162,6 +163,36 @@ def test_lossy_transfer_matches_kernel_counters(pair: Pair, collector_factory: A
     bursts = [e for s in samples for e in s.events if e.type == "tcp_retrans_burst"
               and e.attrs["sport"] == last_tx["sport"] and e.attrs["dport"] == port]
     assert bursts and all(e.attrs["retrans"] == 5 for e in bursts)
+
+
+BLACKHOLE_S = 1.5  # retransmission timeouts at ~0.2, ~0.6 and ~1.4 s (200 ms minimum, doubling)
+
+
+def test_a_blackholed_transfer_counts_the_kernels_retransmission_timeouts(
+        pair: Pair, collector_factory: Any) -> None:
+    """The data of a connection blackholed for BLACKHOLE_S (what a link down leaves until the
+    fabric reroutes): its sender's retransmit timer expires, and `rto` counts every expiry
+    the kernel's TCPTimeouts counts; the receiver, which sent no data, has none."""
+    port, n = free_port(), 4 * 2**20
+    c = collector_factory(ports=[port])
+    before = pair.tcp_timeouts()
+    blackhole_data(pair, port, True)
+    unblock = threading.Timer(BLACKHOLE_S, blackhole_data, (pair, port, False))
+    unblock.start()
+    try:
+        samples, _, _ = run_transfer(pair, c, port, n)
+    finally:
+        unblock.join()
+    if "rto" not in samples[-1].section["features"]:
+        pytest.skip("this kernel has no tcp:tcp_cong_state_set (6.2+)")
+    timeouts = pair.tcp_timeouts() - before
+    sender = rows(samples, saddr=pair.addr_a, daddr=pair.addr_b, dport=port)
+    receiver = rows(samples, saddr=pair.addr_b, daddr=pair.addr_a, sport=port)
+    assert timeouts >= 2, "the blackhole must outlast two timeouts"
+    assert sender[-1][1]["rto"] == timeouts
+    assert sum(f.get("rto_delta", 0) for _, f in sender) == timeouts
+    assert not any("rto" in f for _, f in receiver)
+    assert sender[-1][1]["bytes_acked"] >= n  # and the transfer completed afterwards
 
 
 def test_ports_filter_excludes_other_flow(pair: Pair, collector_factory: Any) -> None:

@@ -28,7 +28,7 @@ def drop_field(tracefs: Path, tp: str, field: str) -> None:
 def test_this_kernel_has_everything(tracefs: Path) -> None:
     f = detect_features(tracefs, "6.18.44", 4096)
     assert set(f.names) == {"ringbuf", "cookie", "retrans_err", "drop_reason", "rx_sk",
-                            "send_reset", "receive_reset", "sock_length", "zero_window"}
+                            "send_reset", "receive_reset", "sock_length", "zero_window", "rto"}
     assert "-DC4_MAX_FLOWS=4096" in f.cflags and "-DC4_RINGBUF" in f.cflags
     assert {"-DC4_HAVE_RST_REASON", "-DC4_HAVE_RECEIVE_RESET_COOKIE"} <= set(f.cflags)
     # names come from the kernel's own print format, not from (older) headers
@@ -43,11 +43,13 @@ def test_optional_fields_compile_out(tracefs: Path) -> None:
     drop_field(tracefs, "tcp/tcp_probe", "snd_wnd")
     drop_field(tracefs, "tcp/tcp_send_reset", "reason")
     shutil.rmtree(tracefs / "events" / "sock" / "sock_recv_length")
+    shutil.rmtree(tracefs / "events" / "tcp" / "tcp_cong_state_set")  # 6.2+
     f = detect_features(tracefs, "5.4.0", 16384)
     assert set(f.names) == {"perf_buffer", "retrans_err", "send_reset", "receive_reset"}
     assert not any(flag in f.cflags for flag in (
         "-DC4_RINGBUF", "-DC4_HAVE_RX_SK", "-DC4_HAVE_KFREE_REASON", "-DC4_HAVE_PROBE_COOKIE",
-        "-DC4_HAVE_RST_REASON", "-DC4_HAVE_SOCK_LENGTH", "-DC4_HAVE_PROBE_SND_WND"))
+        "-DC4_HAVE_RST_REASON", "-DC4_HAVE_SOCK_LENGTH", "-DC4_HAVE_PROBE_SND_WND",
+        "-DC4_HAVE_CONG_STATE"))
     assert f.drop_reasons == {} and f.rst_reasons == {}
 
 

@@ -70,7 +70,7 @@ def test_deltas_then_closed_once_then_forgotten(capture: dict[str, Any], fixture
     meta = capture["meta"]
     cport, port = meta["client_port"], meta["port"]
     samples = replay(reporter(fixtures), capture)
-    s1, s2, closed, after, refused = samples
+    s1, s2, lost, closed, after, refused = samples
 
     c1, c2 = by_ports(s1, cport, port), by_ports(s2, cport, port)
     assert c1["bytes_acked_delta"] == c1["bytes_acked"] == meta["first"]  # new this interval
@@ -83,11 +83,18 @@ def test_deltas_then_closed_once_then_forgotten(capture: dict[str, Any], fixture
     assert (c1["zero_window"], c1["zero_window_delta"]) == (1, 1)
     assert (c2["zero_window"], c2["zero_window_delta"]) == (1, 0)
     assert "zero_window" not in by_ports(s1, port, cport)  # the server's window never closed
+    # no timeout until the third transfer's data was blackholed; then the client's timer
+    # expired (~0.2 s and ~0.6 s into it), the server sent no data and has none
+    assert "rto" not in c1 and "rto" not in c2
+    c3 = by_ports(lost, cport, port)
+    assert c3["rto"] == c3["rto_delta"] >= 2 and c3["retrans_segs_delta"] >= 2
+    assert c3["bytes_acked_delta"] == meta["third"] + 1
+    assert "rto" not in by_ports(lost, port, cport)
 
     done = {(f["sport"], f["dport"]): f for f in closed.section["flows"]}
     assert set(done) == {(cport, port), (port, cport)}
     assert all(f["closed"] and f["state"] == "CLOSE" for f in done.values())
-    assert done[(cport, port)]["bytes_acked_delta"] == 0  # nothing moved since s2
+    assert done[(cport, port)]["bytes_acked_delta"] == 0  # nothing moved since `lost`
     assert after.section["flows"] == [] and after.section["tracked"] == 0
 
     # the refused connect: a flow that closed from SYN_SENT, and two reset events
@@ -199,7 +206,7 @@ def test_owner_filter_hides_flows_with_unknown_owner(capture: dict[str, Any],
     # the same flow as the kernel holds it before its owner was seen: first 8 bytes are
     # first_ns, owner_known is the 3rd of the 5 flag bytes after the u16 fields
     unknown = bytearray(raw.live[sk_client])
-    unknown[5 * 8 + 13 * 4 + 3 * 2 + 2] = 0
+    unknown[5 * 8 + 14 * 4 + 3 * 2 + 2] = 0
     assert not FlowEntry.decode(bytes(unknown)).owner_known
     assert entry._replace(owner_known=0) == FlowEntry.decode(bytes(unknown))
     raw.live[sk_client] = bytes(unknown)
@@ -316,14 +323,16 @@ def test_flow_in_both_maps_is_listed_once_as_closed(capture: dict[str, Any], fix
                                                     moved: bool) -> None:
     snaps = [snapshot(raw) for raw in capture["snapshots"]]
     rep = reporter(fixtures)
-    rep.report(snaps[0], 1.0)
+    close = next(i for i, raw in enumerate(capture["snapshots"]) if raw["label"] == "after close")
+    for s in snaps[:close - 1]:
+        rep.report(s, 1.0)
     if not moved:
-        rep.report(snaps[1], 1.0)
-    snaps[2].live = dict(snaps[1].live)  # the flows map read just before the close
-    sec = rep.report(snaps[2], 1.0).section
+        rep.report(snaps[close - 1], 1.0)
+    snaps[close].live = dict(snaps[close - 1].live)  # the flows map read just before the close
+    sec = rep.report(snaps[close], 1.0).section
     assert len(sec["flows"]) == 2 and all(f["closed"] for f in sec["flows"])
     assert (sec["tracked"], sec["unchanged"]) == (2, 0)
-    assert rep.report(snaps[3], 1.0).section["flows"] == []
+    assert rep.report(snaps[close + 1], 1.0).section["flows"] == []
 
 
 def test_owner_seen_later_updates_the_row(capture: dict[str, Any], fixtures: Path) -> None:

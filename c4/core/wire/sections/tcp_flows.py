@@ -70,6 +70,8 @@ FLOW = Record(
         "job": Str(128),
         "zero_window": COUNTER,
         "zero_window_delta": COUNTER,
+        "rto": COUNTER,
+        "rto_delta": COUNTER,
     },
     doc={
         "saddr": "local address (IPv4 dotted or IPv6 text; an IPv6 socket talking IPv4 shows "
@@ -119,6 +121,11 @@ FLOW = Record(
                        "peer whose application does not read (stopped, hung, or slower than "
                        "the data); absent while 0 or on kernels without `snd_wnd`",
         "zero_window_delta": "zero_window since the previous report",
+        "rto": "retransmission timeouts: the socket's retransmit timer expired with data "
+               "unacknowledged (tcp:tcp_cong_state_set entering Loss, kernel 6.2+, see "
+               "`features`: `rto`): a blackholed or stalled path, not a congestion drop that "
+               "fast retransmit repaired; absent while 0",
+        "rto_delta": "rto since the previous report",
     },
 )
 
