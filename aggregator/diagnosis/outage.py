@@ -72,6 +72,7 @@ FLOW_RETRANS = 2  # retransmits in a report that count (one is a congestion drop
 FLOW_REPORTS = 64  # retransmitting reports kept per flow (more than a window's worth)
 
 FlowKey = tuple[str, str, int, str, int]  # host, saddr, sport, daddr, dport
+Named = tuple[Finding, frozenset[Hashable]]  # a finding and the bad observations behind it
 
 
 class FlowCell:
@@ -111,7 +112,6 @@ class OutageDetector:
         # component named -> (the bad observations that named it, when last): one fault, one
         # incident (_one_fault)
         self.named: dict[str, tuple[frozenset[Hashable], float]] = {}
-        self._bad_of: dict[int, frozenset[Hashable]] = {}  # id(finding) -> its bad, this tick
 
     def on_rdma(self, host: str, section: dict[str, Any], interval: float, now: float) -> None:
         for port in section.get("ports", []):
@@ -179,9 +179,7 @@ class OutageDetector:
                 del self.flows[key]
 
     def tick(self, now: float) -> list[Finding]:
-        self._bad_of = {}
-        found = self._judge(now)
-        return [f for f in found if self._one_fault(f, self._bad_of[id(f)], now)]
+        return [f for f, bad in self._judge(now) if self._one_fault(f, bad, now)]
 
     def _one_fault(self, f: Finding, bad: frozenset[Hashable], now: float) -> bool:
         """Whether `f` is a fault of its own: not when every bad observation behind it was
@@ -199,7 +197,7 @@ class OutageDetector:
         self.named[key] = (bad | self.named.get(key, (frozenset(), now))[0], now)
         return True
 
-    def _judge(self, now: float) -> list[Finding]:
+    def _judge(self, now: float) -> list[Named]:
         start = now - WINDOW_S
         self._expire(start)
         beats = {nic: sum(1 for b in q if b >= start) for nic, q in self.beats.items()}
@@ -295,7 +293,7 @@ class OutageDetector:
 
     def _lone(self, bad: set[Hashable], covers: dict[Hashable, list[Conn]],
               cells: dict[Hashable, list[localise.Component]], host: dict[Hashable, str],
-              beats: dict[str, int]) -> list[Finding]:
+              beats: dict[str, int]) -> list[Named]:
         """One host's connections time out across a link only they cross: no second host
         separates the links of their path (lab run E: a flap of leaf03-spine01, which only
         node005 -> node007 crossed, opened nothing). With its NIC's timeouts and
@@ -327,7 +325,7 @@ class OutageDetector:
 
     def _blackhole(self, ranked: list[localise.Hypothesis], top: str, bad: set[Hashable],
                    host: dict[Hashable, str], covers: dict[Hashable, list[Conn]],
-                   beats: dict[str, int]) -> list[Finding]:
+                   beats: dict[str, int]) -> list[Named]:
         """The fabric link of a tie between the two ends of the same paths that the stuck
         connections' data enters its leaf by. A link that fails is dropped at once by its two
         ends (carrier loss is local): what its own leaf sends is rerouted, what the other
@@ -365,7 +363,7 @@ class OutageDetector:
         conf = sum(mass[cable] for cable in tied)
         if best not in tied or conf < self.cfg.localise_confidence:
             return []
-        f = self._finding(tied[best], covers, host, beats)
+        f, bad_of = self._finding(tied[best], covers, host, beats)
         lk = topo.links[best]
         leaf = lk.a if topo.switches[lk.a].tier == "leaf" else lk.b
         f.suspects = [Suspect("link", best, None, None, conf)] + [
@@ -380,7 +378,7 @@ class OutageDetector:
         f.summary += (f"; {len(into[best])} of {len(keys)} connections' data enters {leaf} "
                       f"by it, tied with {', '.join(c for c in sorted(tied) if c != best)}: "
                       "a blackhole drops what other leaves send towards the failed link's leaf")
-        return [f]
+        return [(f, bad_of)]
 
     def _into_leaf(self, cell: Cell | FlowCell) -> str | None:
         """The fabric link (cable) by which a connection's data enters a leaf, if one."""
@@ -416,7 +414,7 @@ class OutageDetector:
 
     def _finding(self, top: localise.Hypothesis, covers: dict[Hashable, list[Conn]],
                  host: dict[Hashable, str], beats: dict[str, int],
-                 path: str | None = None) -> Finding:
+                 path: str | None = None) -> Named:
         comp = next(c for k in top.bad for _, cell in covers[k] for c in cell.comps
                     if (c[0], c[1]) == (top.kind, top.id))
         conns = list({id(c): (m, c) for k in top.bad for m, c in covers[k]
@@ -457,10 +455,8 @@ class OutageDetector:
             first = min((t for q in self.waits.values() for t, _, _ in q),
                         default=min((t for fc in self.flows.values() for t in fc.retrans),
                                     default=0.0))
-        f = Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
-                    first, aliases=aliases)
-        self._bad_of[id(f)] = frozenset(top.bad)
-        return f
+        return Finding("comm_slow", job, comm.comm if comm else None, suspects, summary, ev,
+                       first, aliases=aliases), frozenset(top.bad)
 
 
 def _cable_mass(ranked: list[localise.Hypothesis]) -> dict[str, float]:
