@@ -136,8 +136,11 @@ class OutageDetector:
         a socket that only sends acks and credits back is left out: the path map knows the
         data direction of a connection, not the 5-tuple its replies hash on. Any flow's
         retransmission timeouts are its NIC's ACK timeouts (a RoCE NIC counts its QPs'; TCP's
-        are the kernel's, which no NIC counter sees); a report with one is a retransmitting
-        report of the flow (one RTO resends one segment: no congestion drop does that)."""
+        are the kernel's, which no NIC counter sees). They do not make the flow bad: its acks
+        may be what was lost (a link down blackholes both directions of the connections that
+        cross it: the flows the other way time out on their acks, and counted as bad they
+        would tie the link with the other end of the same paths); its retransmits say its
+        data was lost."""
         floor = self.cfg.tcp_min_bytes
         for f in section.get("flows") or ():
             key = (host, f["saddr"], f["sport"], f["daddr"], f["dport"])
@@ -145,12 +148,11 @@ class OutageDetector:
             if f["closed"]:
                 self.flows.pop(key, None)
                 continue
-            rto = f.get("rto_delta", 0) > 0
-            if rto:
+            if f.get("rto_delta", 0) > 0:
                 nic = self.model.nic_of_addr(bare_addr(f["saddr"]))
                 if nic is not None:
                     self._beat(nic, now)
-            lost = rto or f["retrans_segs_delta"] >= FLOW_RETRANS
+            lost = f["retrans_segs_delta"] >= FLOW_RETRANS
             if f["bytes_acked_delta"] >= floor:
                 if fc is None:
                     fc = self.flows[key] = FlowCell(self.model.job_of_flow(host, f), now)

@@ -24,6 +24,13 @@ ROUTER_SYSCTLS = {
     "net.ipv4.icmp_ratelimit": "0",
     "net.ipv4.icmp_errors_use_inbound_ifaddr": "1",
     "net.ipv4.conf.all.rp_filter": "0",
+    "net.ipv6.conf.all.forwarding": "1",
+    # the 5-tuple and not the flow label, as the IPv4 policy: with policy 1 (L4) a forwarded
+    # packet's hash is the sender socket's random txhash (veth keeps skb->hash), so a TCP
+    # connection's path had nothing to do with its ports (measured here: traced s1, sent s2)
+    "net.ipv6.fib_multipath_hash_policy": "3",
+    "net.ipv6.fib_multipath_hash_fields": "0x37",
+    "net.ipv6.icmp.ratelimit": "0",
 }
 
 
@@ -31,11 +38,12 @@ ROUTER_SYSCTLS = {
 class Fabric:
     ns: dict[str, str]  # role -> namespace
     addr: dict[str, str]  # "<a>-<b>" -> a's address on the a-b link
+    addr6: dict[str, str]  # the same, IPv6 (every link is dual-stack)
     net: str
 
     def spine_of_hop(self, hop: str | None) -> str | None:
         for spine in ("s1", "s2"):
-            if hop == self.addr[f"{spine}-r1"]:
+            if hop in (self.addr[f"{spine}-r1"], self.addr6[f"{spine}-r1"]):
                 return spine
         return None
 
@@ -58,7 +66,9 @@ def ecmp_fabric() -> Iterator[Fabric]:
     ns = {r: f"c4pr-{tag}-{r}" for r in roles}
     net = f"10.{random.randint(100, 250)}"
     links = [("h1", "r1"), ("r1", "s1"), ("r1", "s2"), ("s1", "r2"), ("s2", "r2"), ("r2", "h2")]
+    net6 = f"fd{random.randint(0, 255):02x}:{random.randint(0, 65535):x}"
     addr: dict[str, str] = {}
+    addr6: dict[str, str] = {}
     try:
         for r in roles:
             sh("ip", "netns", "add", ns[r])
@@ -68,22 +78,26 @@ def ecmp_fabric() -> Iterator[Fabric]:
                "netns", ns[b])
             for j, (x, y) in enumerate(((a, b), (b, a))):
                 addr[f"{x}-{y}"] = f"{net}.{i}.{j + 1}"
+                addr6[f"{x}-{y}"] = f"{net6}:{i}::{j + 1}"
                 sh("ip", "-n", ns[x], "addr", "add", f"{net}.{i}.{j + 1}/24", "dev", y)
+                sh("ip", "-n", ns[x], "addr", "add", f"{net6}:{i}::{j + 1}/64", "dev", y,
+                   "nodad")  # usable at once: no duplicate address detection
                 sh("ip", "-n", ns[x], "link", "set", y, "up")
         for r in ("r1", "s1", "s2", "r2"):
             for k, v in ROUTER_SYSCTLS.items():
                 sh("ip", "netns", "exec", ns[r], "sysctl", "-qw", f"{k}={v}")
-        h1_net, h2_net = f"{net}.0.0/24", f"{net}.5.0/24"
-        sh("ip", "-n", ns["h1"], "route", "add", "default", "via", addr["r1-h1"])
-        sh("ip", "-n", ns["h2"], "route", "add", "default", "via", addr["r2-h2"])
-        sh("ip", "-n", ns["r1"], "route", "add", h2_net, "nexthop", "via", addr["s1-r1"],
-           "nexthop", "via", addr["s2-r1"])
-        sh("ip", "-n", ns["r2"], "route", "add", h1_net, "nexthop", "via", addr["s1-r2"],
-           "nexthop", "via", addr["s2-r2"])
-        for s in ("s1", "s2"):
-            sh("ip", "-n", ns[s], "route", "add", h1_net, "via", addr["r1-" + s])
-            sh("ip", "-n", ns[s], "route", "add", h2_net, "via", addr["r2-" + s])
-        yield Fabric(ns, addr, net)
+        for v, a, h1_net, h2_net in (("-4", addr, f"{net}.0.0/24", f"{net}.5.0/24"),
+                                     ("-6", addr6, f"{net6}:0::/64", f"{net6}:5::/64")):
+            sh("ip", v, "-n", ns["h1"], "route", "add", "default", "via", a["r1-h1"])
+            sh("ip", v, "-n", ns["h2"], "route", "add", "default", "via", a["r2-h2"])
+            sh("ip", v, "-n", ns["r1"], "route", "add", h2_net, "nexthop", "via", a["s1-r1"],
+               "nexthop", "via", a["s2-r1"])
+            sh("ip", v, "-n", ns["r2"], "route", "add", h1_net, "nexthop", "via", a["s1-r2"],
+               "nexthop", "via", a["s2-r2"])
+            for s in ("s1", "s2"):
+                sh("ip", v, "-n", ns[s], "route", "add", h1_net, "via", a["r1-" + s])
+                sh("ip", v, "-n", ns[s], "route", "add", h2_net, "via", a["r2-" + s])
+        yield Fabric(ns, addr, addr6, net)
     finally:
         for r in roles:
             subprocess.run(["ip", "netns", "del", ns[r]], capture_output=True)
@@ -214,7 +228,7 @@ def test_tcp_trace_stops_before_the_application(fabric: Fabric) -> None:
 
 COUNT_LISTEN = r"""
 import socket, sys
-ls = socket.socket()
+ls = socket.socket(socket.AF_INET6)  # dual-stack: IPv4 connections arrive mapped
 ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind(("", int(sys.argv[1])))
 ls.listen(1)
@@ -231,7 +245,7 @@ LIVE_TRACE = r"""
 import json, socket, sys
 from c4.agent.probe import Prober
 dst, dport, sport, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-s = socket.socket()
+s = socket.socket(socket.AF_INET6 if ":" in dst else socket.AF_INET)
 s.bind(("", sport))
 s.connect((dst, dport))
 s.sendall(b"x" * 1000)
@@ -243,13 +257,17 @@ print(json.dumps(trace))
 """
 
 
-def test_a_live_connections_own_port_is_traced_on_its_path(fabric: Fabric) -> None:
+@pytest.mark.parametrize("family", ["ipv4", "ipv6"])
+def test_a_live_connections_own_port_is_traced_on_its_path(fabric: Fabric, family: str) -> None:
     """C4P must know the path a connection takes now to judge a plan's gain; its 4-tuple is
-    taken, so the trace goes out on raw sockets and must not disturb the connection."""
+    taken, so the trace goes out on raw sockets and must not disturb the connection. IPv6:
+    the segment is built with its own header (IPV6_HDRINCL) and the time-exceeded messages
+    are ICMPv6."""
     f = fabric
-    dst = f.addr["h2-r2"]
+    dst = (f.addr if family == "ipv4" else f.addr6)["h2-r2"]
     spines = set()
-    for i, sport in enumerate(range(41000, 41000 + 13 * 16, 13)):
+    base = 41000 if family == "ipv4" else 43000  # ports of the other run wait in TIME_WAIT
+    for i, sport in enumerate(range(base, base + 13 * 16, 13)):
         if i >= 4 and len(spines) == 2:
             break
         dport = random.randint(20000, 30000)
