@@ -58,10 +58,11 @@ def test_slow_fabric_link_names_the_link(lab: LabState, steady: str) -> None:
 # dead link are blackholed until then; their senders count ACK timeouts (RTOs) and the ring's
 # stall messages show them in SendWait. C4D's outage detector (aggregator/diagnosis/outage.py)
 # names the link from those before any hang threshold: bench/lab --record, 4 of 4 in 2-4 s.
-# It needs several sending hosts blackholed through the link. Once C4P has evened the ring
-# out, the busiest link may carry one sending host's connections in the direction a failure
-# blackholes (the link's own leaf reroutes at once), and C4D can name only their path (a lone
-# link, as the lone flap below): a CI run with C4P applying failed here. The lab's own ports.
+# It needs several sending hosts blackholed through the link, with paths that separate its
+# two ends. After C4P's plan the busiest link may carry one sending host's connections in the
+# direction a failure blackholes (only their path can be named, as the lone flap below), or,
+# as in a CI run with C4P applying, connections between two leaves crossing one spine both
+# ways (the two ends tie: a hang naming no link). The lab's own ports.
 
 
 @pytest.mark.fixed_paths
