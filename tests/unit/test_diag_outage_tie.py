@@ -150,3 +150,34 @@ def test_a_replan_moving_the_stuck_connections_names_no_second_link(tmp_path: Pa
     incs = run(rec, truth)
     assert [(i["suspects"][0]["id"], bool(i["localised"])) for i in incs] == \
         [("leaf03-spine01", True)], [(i["summary"], i["suspects"][:2]) for i in incs]
+
+
+# 15-down-leaf00-spine00-tie (lab run J, 2026-12-01, C4P applying: its periodic plan 69 s
+# before had spread the ring): the link down blackholed node002's data into leaf00 and the ACKs
+# of node000's and node001's connections to leaf01 (their data rerouted at once by leaf00);
+# all three hosts' NICs timed out, leaf00 -> leaf01 and leaf01 -> leaf00 flows retransmitted
+# alike and the stuck connections went both ways: the two ends of the same paths tie. Given
+# only the data direction's paths, both ends explain every observation (leaf00-spine00 down:
+# what enters leaf00 by spine00 is lost, node002's data and node000's ACKs; leaf01-spine00
+# down: what enters leaf01 by spine00, node000's data and node002's ACKs). node000's data
+# stopped reaching node002 too (its window filled while its ACKs were lost). What separates
+# them is the spine each connection's ACKs take (the reverse 5-tuple's hash), which the path
+# map does not hold: a reverse trace from the receiving host would.
+TIE = "15-down-leaf00-spine00-tie"
+
+
+def test_a_two_ended_tie_names_neither_end_wrongly(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = outage_findings(TIE, tmp_path, monkeypatch)
+    assert {f.suspects[0].id for _, f in seen} <= {"leaf00-spine00"}, \
+        [(round(t, 1), f.suspects[:2]) for t, f in seen]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13, not done: no rule separates a two-ended tie "
+                   "whose connections go both ways; the live run named the link 46 s after "
+                   "the fault, by the slow detector")
+def test_a_two_ended_tie_is_named_within_the_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = outage_findings(TIE, tmp_path, monkeypatch)
+    assert seen and {f.suspects[0].id for _, f in seen} == {"leaf00-spine00"}
+    assert min(t for t, _ in seen) <= 10.0
