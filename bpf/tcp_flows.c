@@ -280,6 +280,15 @@ static __always_inline void flow_retire(u64 sk, struct flow *f)
 		}                                                             \
 	} while (0)
 
+/* The flow of socket `sk`, made from tuple `t` when it is not tracked yet (NULL: filtered
+ * out or the map is full). */
+static __always_inline struct flow *flow_get(struct config *c, u64 sk, struct tuple *t,
+					     u8 state)
+{
+	struct flow *f = flows.lookup(&sk);
+	return f ? f : flow_create(c, sk, t, state);
+}
+
 /* sockaddr_in: family, port, addr at 4; sockaddr_in6: family, port, flowinfo, addr at 8 */
 static __always_inline void addr_from_sockaddr(u8 *dst, const u8 *sa, u16 family)
 {
@@ -363,16 +372,10 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 	struct config *c = cfg();
 	if (!c)
 		return 0;
-	u64 sk = (u64)args->skaddr;
-	struct flow *f = flows.lookup(&sk);
-	if (!f) {
-		struct tuple t = {};
-		TUPLE_FROM_SPLIT(&t, args);
-		f = flow_create(c, sk, &t, args->state);
-		if (!f)
-			return 0;
-	}
-	if (f->ignored)
+	struct tuple t = {};
+	TUPLE_FROM_SPLIT(&t, args);
+	struct flow *f = flow_get(c, (u64)args->skaddr, &t, args->state);
+	if (!f || f->ignored)
 		return 0;
 #ifdef C4_HAVE_RETRANS_ERR
 	if (args->err) {
@@ -412,16 +415,10 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 	struct config *c = cfg();
 	if (!c)
 		return 0;
-	u64 sk = (u64)args->skaddr;
-	struct flow *f = flows.lookup(&sk);
-	if (!f) {
-		struct tuple t = {};
-		TUPLE_FROM_SPLIT(&t, args);
-		f = flow_create(c, sk, &t, C4_TCP_ESTABLISHED);
-		if (!f)
-			return 0;
-	}
-	if (!f->ignored)
+	struct tuple t = {};
+	TUPLE_FROM_SPLIT(&t, args);
+	struct flow *f = flow_get(c, (u64)args->skaddr, &t, C4_TCP_ESTABLISHED);
+	if (f && !f->ignored)
 		__sync_fetch_and_add(&f->rto, 1);
 	return 0;
 }
