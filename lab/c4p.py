@@ -18,21 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from . import control, netns, runs
+from . import api, control, netns, runs
 from .fabric import Fabric, NicPlan
 from .state import LabError, LabState, lab_env
 from .workload import connections, read_steps
 
 Say = Callable[[str], None]
-
-
-def _get(st: LabState, path: str) -> Any:
-    with urllib.request.urlopen(st.api + path, timeout=10) as r:
-        return json.loads(r.read())
 
 
 def cross_pair(fab: Fabric) -> tuple[NicPlan, NicPlan]:
@@ -103,7 +97,7 @@ def wait_proposal(st: LabState, flows: int, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        last = _get(st, "/api/v1/plan")
+        last = api.plan_view(st)
         p = last.get("proposal")
         if p and p["planned"] >= flows and p["moved"]:
             return last

@@ -16,18 +16,17 @@ Exits 1 if any step did not show what it should (wrong or no component named in 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from . import c4p, control, faults, runs
+from .api import incidents, top
 from .state import LabState
 from .workload import read_steps
 
@@ -47,11 +46,6 @@ def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
-def incidents(st: LabState) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(st.api + "/api/v1/incidents", timeout=5) as r:
-        return list(json.loads(r.read())["incidents"])
-
-
 def wait_incident(st: LabState, match: Callable[[dict[str, Any]], bool], since: float,
                   timeout: float) -> dict[str, Any] | None:
     """The first localised incident after `since` that `match`es, or None at the timeout."""
@@ -68,10 +62,6 @@ def show_incident(st: LabState, inc: dict[str, Any]) -> None:
     env = dict(os.environ, COLUMNS=os.environ.get("COLUMNS", "120"))
     subprocess.run([sys.executable, "-m", "c4.cli", "incident", str(inc["id"]),
                     "--aggregator", st.api], env=env, check=False)
-
-
-def top(inc: dict[str, Any]) -> dict[str, Any]:
-    return inc["suspects"][0] if inc.get("suspects") else {}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import secrets
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from c4.lab import control, runs
+from c4.lab import api, control, runs
 from c4.lab.state import LabState
 
 
@@ -62,62 +61,25 @@ def ring(lab: LabState) -> Iterator[str]:
     yield rid
 
 
-# C4P's hold-down after a plan (aggregator.toml [planning] settle_s, the lab keeps the default)
-SETTLE_S = 30.0
-
-
-def plan_view(st: LabState) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{st.api}/api/v1/plan", timeout=10) as r:
-        return dict(json.loads(r.read()))
-
-
-def at_rest(view: dict[str, Any], now: float) -> bool:
-    """Whether C4P, applying on its own, is done moving the job: it knows what the links carry
-    now, its proposal would not be applied, and the last plan's connections have all
-    reconnected and settled."""
-    p, last = view.get("proposal"), view.get("last_plan")
-    if p is None or p["current_max_util"] is None or p["gains"]:
-        return False
-    return last is None or (not last["waiting"] and now - last["created"] >= SETTLE_S)
-
-
-# how long `at_rest` must hold: two periodic proposals (the lab's interval_s, 10 s), long
-# enough for young flows (all noise to the planner) to be measured and a gaining plan applied
-REST_HOLD_S = 20.0
-
-
 @pytest.fixture
 def steady(lab: LabState, ring: str) -> str:
-    """The ring job once C4P is at rest (`at_rest` for REST_HOLD_S; at once with auto_apply
-    off): a fault injected on the link the job's connections cross now must not race a
-    periodic plan that moves them elsewhere (a flap on a link a plan had just emptied opened
-    no incident in CI)."""
-    t0 = time.monotonic()
-    since: float | None = None
-    view = plan_view(lab)
-    while view["auto_apply"]:
-        now = time.monotonic()
-        since = (since or now) if at_rest(view, time.time()) else None
-        if since is not None and now - since >= REST_HOLD_S:
-            break
-        if now - t0 > 180:
-            pytest.fail(f"C4P not at rest after 180 s: {json.dumps(view)[:3000]}")
-        time.sleep(2.0)
-        view = plan_view(lab)
-    print(f"C4P at rest after {time.monotonic() - t0:.0f} s, last plan:", view["last_plan"])
+    """The ring job once C4P is at rest and no incident is open (lab/api.py's `wait_rest`)."""
+    ok, waited, view, open_ = api.wait_rest(lab, 180.0)
+    if not ok:
+        pytest.fail(f"not at rest after {waited:.0f} s: incidents open before any fault: "
+                    f"{describe(open_)}; plan view: {json.dumps(view)[:2000]}")
+    print(f"at rest after {waited:.0f} s, last plan:", view["last_plan"])
     return ring
-def incidents(st: LabState, state: str | None = None) -> list[dict[str, Any]]:
-    q = f"?state={state}" if state else ""
-    with urllib.request.urlopen(f"{st.api}/api/v1/incidents{q}", timeout=5) as r:
-        return list(json.loads(r.read())["incidents"])
 
 
-def top(inc: dict[str, Any]) -> dict[str, Any]:
-    return inc["suspects"][0] if inc.get("suspects") else {}
+def describe(incs: list[dict[str, Any]]) -> str:
+    """Incidents as a failure shows them: the syndrome, with the evidence to diagnose it."""
+    return json.dumps([{k: i.get(k) for k in ("class", "summary", "suspects", "detected",
+                                              "localised", "evidence")} for i in incs])[:4000]
 
 
 def names(inc: dict[str, Any], fault: dict[str, Any]) -> bool:
-    t = top(inc)
+    t = api.top(inc)
     accept = set(fault["expect"]["accept"])
     if fault["expect"]["kind"] == "rank" and t.get("rank") is not None:
         return str(t["rank"]) in accept
@@ -130,16 +92,14 @@ def wait_named(st: LabState, fault: dict[str, Any], timeout: float) -> tuple[dic
     deadline = time.monotonic() + timeout
     seen: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        seen = incidents(st)
+        seen = api.incidents(st)
         for inc in seen:
             if inc.get("localised") and names(inc, fault):
                 return inc, inc["localised"] - fault["injected"]
         time.sleep(0.5)
     pytest.fail(f"{fault['kind']} on {fault['target']}: no localised incident named "
-                f"{fault['expect']['id']} within {timeout:.0f} s; incidents: "
-                + json.dumps([{k: i.get(k) for k in ("class", "summary", "suspects", "localised",
-                                                     "evidence")} for i in seen])[:4000])
+                f"{fault['expect']['id']} within {timeout:.0f} s; incidents: {describe(seen)}")
 
 
-def others_open(st: LabState, inc: dict[str, Any]) -> list[str]:
-    return [f"{i['class']}: {i['summary']}" for i in incidents(st, "open") if i["id"] != inc["id"]]
+def others_open(st: LabState, inc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [i for i in api.incidents(st, "open") if i["id"] != inc["id"]]

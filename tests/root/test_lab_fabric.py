@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from c4.core.topology import Topology
-from c4.lab import c4p, cgroups, control, netns, runs
+from c4.lab import api, c4p, cgroups, control, netns, runs
 from c4.lab.state import ROOT, LabState, marked_pids
 from c4.lab.workload import connections, read_steps, request_reconnect
 
-from ._lab import incidents, new_prefix
+from ._lab import new_prefix
 
 pytestmark = pytest.mark.root
 REPO = Path(__file__).resolve().parents[2]
@@ -135,4 +135,4 @@ def test_clean_traffic_raises_no_incident(lab: LabState, ring: str) -> None:
     time.sleep(float(os.environ.get("C4_LAB_CLEAN_S", "110")))
     d = runs.run_info(lab, ring)[1]["dir"]
     assert len([s for s in read_steps(d) if "step" in s]) > 30
-    assert incidents(lab) == []
+    assert api.incidents(lab) == []

@@ -14,7 +14,7 @@ import pytest
 from c4.lab import control, faults, runs
 from c4.lab.state import LabState
 
-from ._lab import down_pairs, lab_for, others_open, wait_named
+from ._lab import describe, down_pairs, lab_for, others_open, wait_named
 
 pytestmark = pytest.mark.root
 LINK_S = 30.0
@@ -40,7 +40,8 @@ def _named_alone(st: LabState, fault: dict, within: float) -> None:
     # the incident may name it a little after the target: wait longer, then judge the time
     inc, took = wait_named(st, fault, within + 20)
     assert took <= within, f"{fault['kind']} named after {took:.1f} s (target {within:.0f} s)"
-    assert not others_open(st, inc), others_open(st, inc)
+    others = others_open(st, inc)
+    assert not others, describe(others)
 
 
 # Loss both ways (5 %): after C4P's plan a CI run had only leaf00 <-> leaf01 connections on the

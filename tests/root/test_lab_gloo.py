@@ -10,7 +10,7 @@ import pytest
 from c4.lab import control, faults, runs
 from c4.lab.state import LabState
 
-from ._lab import new_prefix, others_open, wait_named
+from ._lab import describe, new_prefix, others_open, wait_named
 
 pytestmark = pytest.mark.root
 torch = pytest.importorskip("torch", reason="the lab extra (torch) is not installed")
@@ -35,7 +35,8 @@ def test_loss_on_a_host_cable_is_found_from_ebpf(gloo: tuple[LabState, str]) -> 
     inc, took = wait_named(st, f, 60)
     assert inc["evidence"].get("transport") == "tcp"
     assert took <= 30, f"named after {took:.1f} s"
-    assert not others_open(st, inc), others_open(st, inc)
+    others = others_open(st, inc)
+    assert not others, describe(others)
 
 
 def test_hung_rank_is_found_from_ebpf(gloo: tuple[LabState, str]) -> None:
@@ -45,7 +46,8 @@ def test_hung_rank_is_found_from_ebpf(gloo: tuple[LabState, str]) -> None:
     f = faults.inject(st, "hang", "3", {}, rid)
     inc, took = wait_named(st, f, 40)
     assert took <= 10, f"named after {took:.1f} s"
-    assert not others_open(st, inc), others_open(st, inc)
+    others = others_open(st, inc)
+    assert not others, describe(others)
     ev = inc["evidence"]
     assert (inc["class"], ev["transport"], ev["culprit"]) == ("noncomm_hang", "tcp", "stopped")
     assert ev["culprit_pids"] == [f["pids"]["3"]], ev

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import pytest
 
 from c4.core.topology import endpoint
-from c4.lab import c4p, control, netns, runs
+from c4.lab import api, c4p, control, netns, runs
 from c4.lab.state import LabState, lab_env
 
 pytestmark = pytest.mark.root
@@ -208,7 +208,7 @@ def test_colliding_flows_spread_over_the_spines_and_the_job_speeds_up(
     # the agents confirmed every assignment (the connection on its planned port)
     deadline = time.monotonic() + 10
     while True:
-        last = c4p._get(lab, "/api/v1/plan")["last_plan"]
+        last = api.plan_view(lab)["last_plan"]
         if last["applied"] == last["assignments"] or time.monotonic() > deadline:
             break
         time.sleep(0.5)

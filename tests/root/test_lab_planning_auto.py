@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from c4.lab import c4p, control, netns, runs
+from c4.lab import api, c4p, control, netns, runs
 
 pytestmark = pytest.mark.root
 
@@ -37,7 +37,7 @@ def test_a_periodic_plan_spreads_the_colliding_flows_on_its_own(tmp_path: Path) 
         spines = runs.conn_spines(fab, d)
         for r in ("r0", "r1"):
             assert spines[f"{r}c0"] != spines[f"{r}c1"], spines
-        view = c4p._get(st, "/api/v1/plan")
+        view = api.plan_view(st)
         last = view["last_plan"]
         assert last is not None and last["reason"] == "periodic", last
         speedup = c4p.median_step(before) / c4p.median_step(after)
