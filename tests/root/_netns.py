@@ -85,13 +85,16 @@ def drop_ingress(p: Pair, port: int, percent: int) -> None:
                    check=True)
 
 
-def blackhole_data(p: Pair, port: int, on: bool) -> None:
-    """Drop (or stop dropping) every data segment to `port` arriving in the receiver namespace;
-    the handshake and pure acks (short packets) pass."""
+def blackhole(p: Pair, port: int, on: bool, acks: bool = False) -> None:
+    """Drop (or stop dropping) every data segment to `port` arriving in the receiver namespace,
+    the handshake and pure acks (short packets) passing; with `acks`, the other direction
+    instead: every segment from `port` but the handshake's arriving in the sender namespace
+    (all the receiver sends is acks)."""
+    ns, match = (p.a, f"tcp sport {port} tcp flags & syn == 0") if acks else \
+        (p.b, f"tcp dport {port} meta length > 200")
     rules = (f"table inet {NFT_TABLE}bh {{\n chain in {{\n  type filter hook input priority 0;\n"
-             f"  tcp dport {port} meta length > 200 drop\n }}\n}}\n" if on else
-             f"delete table inet {NFT_TABLE}bh\n")
-    subprocess.run(["ip", "netns", "exec", p.b, "nft", "-f", "-"], input=rules, text=True,
+             f"  {match} drop\n }}\n}}\n" if on else f"delete table inet {NFT_TABLE}bh\n")
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True,
                    check=True)
 
 

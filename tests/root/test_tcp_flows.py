@@ -17,7 +17,7 @@ from c4.agent.collectors.base import Context, Sample
 from c4.agent.collectors.tcp_flows import TcpFlowsCollector
 from tests.wire_check import validate_sample, validate_section
 
-from ._netns import Pair, blackhole_data, drop_ingress, free_port, netns_pair, nft_dropped
+from ._netns import Pair, blackhole, drop_ingress, free_port, netns_pair, nft_dropped
 
 RECEIVER = r"""
 import socket, sys, time
@@ -176,8 +176,8 @@ def test_a_blackholed_transfer_counts_the_kernels_retransmission_timeouts(
     port, n = free_port(), 4 * 2**20
     c = collector_factory(ports=[port])
     before = pair.tcp_timeouts()
-    blackhole_data(pair, port, True)
-    unblock = threading.Timer(BLACKHOLE_S, blackhole_data, (pair, port, False))
+    blackhole(pair, port, True)
+    unblock = threading.Timer(BLACKHOLE_S, blackhole, (pair, port, False))
     unblock.start()
     try:
         samples, _, _ = run_transfer(pair, c, port, n)
@@ -193,6 +193,36 @@ def test_a_blackholed_transfer_counts_the_kernels_retransmission_timeouts(
     assert sum(f.get("rto_delta", 0) for _, f in sender) == timeouts
     assert not any("rto" in f for _, f in receiver)
     assert sender[-1][1]["bytes_acked"] >= n  # and the transfer completed afterwards
+
+
+def test_a_transfer_whose_acks_are_blackholed_times_out_on_data_that_arrived(
+        pair: Pair, collector_factory: Any) -> None:
+    """The other half of a link down: a connection whose data path is healthy and whose acks
+    cross the dead link. Its sender's timer expires as if its data were lost (`rto`), while the
+    receiver has that data: an RTO alone does not say which direction lost it (why C4D's
+    outage detector counts a flow's RTOs as its NIC's timeouts, not as loss on its path)."""
+    port, n = free_port(), 4 * 2**20
+    c = collector_factory(ports=[port])
+    before = pair.tcp_timeouts()
+    blackhole(pair, port, True, acks=True)
+    unblock = threading.Timer(BLACKHOLE_S, blackhole, (pair, port, False, True))
+    unblock.start()
+    try:
+        samples, _, _ = run_transfer(pair, c, port, n)
+    finally:
+        unblock.join()
+    features = samples[-1].section["features"]
+    if "rto" not in features:
+        pytest.skip("this kernel has no tcp:tcp_cong_state_set (6.2+)")
+    timeouts = pair.tcp_timeouts() - before
+    sender = rows(samples, saddr=pair.addr_a, daddr=pair.addr_b, dport=port)
+    receiver = dict(rows(samples, saddr=pair.addr_b, daddr=pair.addr_a, sport=port))
+    assert timeouts >= 2, "the blackhole must outlast two timeouts"
+    assert sender[-1][1]["rto"] == timeouts
+    if "sock_length" in features:
+        # when the sender first timed out, the receiver had read more than it had seen acked
+        i, f = next((i, f) for i, f in sender if f.get("rto_delta"))
+        assert receiver[i]["bytes_received"] > f["bytes_acked"] + 10_000, (receiver[i], f)
 
 
 def test_ports_filter_excludes_other_flow(pair: Pair, collector_factory: Any) -> None:
