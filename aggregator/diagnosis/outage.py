@@ -28,9 +28,12 @@ connections it covers:
   (every flow through a blackholing link retransmits at each of its outages; one that did
   once or twice as the ring stalled and resumed is a bystander, neither bad nor clear: it
   alone would break a tie between the two ends of the same paths), clear when it moved data
-  with none; it covers its own path (the path map's for its NIC pair). Only bulk senders count:
-  the path map knows a connection's data direction, not the 5-tuple its replies hash on.
-  A flap's down phases stall the ring too briefly for stall messages, but every flow whose
+  with none; it covers its own path (the path map's for its source port). Only bulk senders
+  count.
+  Which way a stuck connection or a bad flow lost traffic shows once both its ends stalled:
+  a receiver holding data its sender never saw acknowledged lost the acks (`_which_way`);
+  such an observation covers the path its acks take (its receiver's socket: C4P traces every
+  reported socket's 5-tuple) instead of its data's. A flap's down phases stall the ring too briefly for stall messages, but every flow whose
   path crosses the link retransmits in each phase (measured on the lab: docs/lab.md).
 A fabric link is named when it explains bad observations of `MIN_HOSTS` sending hosts with
 the localisation confidence, with per-connection evidence among them (a stuck connection, or
@@ -38,8 +41,8 @@ retransmitting flows of `MIN_HOSTS` hosts): on the lab, NICs alone named the lin
 other end of the same paths once in four flaps. When the connections' evidence fits both
 ends of the same paths equally (a ring's traffic between two leaves), a blackhole is told
 apart by the way its data crosses the link: a failed link's own leaf reroutes at once, the
-other leaves keep sending to its spine for its leaf, so the link the blackholed data enters
-its leaf by is named (`_blackhole`). The window spans several periods of a flapping link:
+other leaves keep sending to its spine for its leaf, so the link the blackholed traffic
+(data, or acks where they were lost) enters its leaf by is named (`_blackhole`). The window spans several periods of a flapping link:
 its observations stay bad between phases and one incident covers them all.
 Packet loss that reaches the senders' timers names its link here too: the component the
 loss detector names, one incident.
@@ -60,7 +63,7 @@ from . import localise
 from .config import DiagnosisConfig
 from .counters import port_rates
 from .findings import Finding, Suspect
-from .model import Cell, Comm, Model, Rank, bare_addr
+from .model import Cell, Comm, Model, Rank, Sock, bare_addr
 from .slow import describe, nic_path
 
 COUNTER = "local_ack_timeout_err"
@@ -70,6 +73,10 @@ PAIR_S = 3.0  # a stall message and its sender's ACK timeouts (counters lag a re
 MIN_HOSTS = 2  # sending hosts whose bad observations the named link must explain
 FLOW_RETRANS = 2  # retransmits in a report that count (one is a congestion drop's, mostly)
 FLOW_REPORTS = 64  # retransmitting reports kept per flow (more than a window's worth)
+# what a receiver can hold that its sender has not seen acknowledged: its receive buffer
+# (net.ipv4.tcp_rmem's maximum, 6 MiB by default; 32 MiB allows for tuned hosts); a larger gap
+# means the two ends' counters began apart (an agent started mid-connection), not lost acks
+AHEAD_MAX = 32 << 20
 
 FlowKey = tuple[str, str, int, str, int]  # host, saddr, sport, daddr, dport
 Named = tuple[Finding, frozenset[Hashable]]  # a finding and the bad observations behind it
@@ -81,7 +88,7 @@ class FlowCell:
     (its source port's: model.route)."""
 
     __slots__ = ("job", "moved", "retrans", "clean", "tag", "path", "comps", "src", "dst",
-                 "ends")
+                 "ends", "back")
 
     def __init__(self, job: str | None, now: float) -> None:
         self.job = job
@@ -93,6 +100,7 @@ class FlowCell:
         self.comps: list[localise.Component] = []
         self.src = self.dst = ""  # hosts
         self.ends = ""  # NIC -> NIC (host -> host where a NIC is unknown), as nic_path names it
+        self.back: FlowCell | None = None  # its acks' way: the receiver's socket (`_back`)
 
 
 Conn = tuple[Comm | None, Cell | FlowCell]  # a plugin connection or a flow (no comm)
@@ -108,6 +116,12 @@ class OutageDetector:
         # comm -> (arrival, rank, peer) of connections in SendWait in a stall message
         self.waits: dict[str, deque[tuple[float, int, int]]] = {}
         self.flows: dict[FlowKey, FlowCell] = {}
+        # each socket's last report: (arrival, bytes acked, bytes received, whether it moved no
+        # data either way, whether it was timing out: retransmitting or an RTO)
+        self.seen: dict[Sock, tuple[float, int, int, bool, bool]] = {}
+        # a timing-out sender's socket -> (when, which way was lost: "acks" or "data")
+        self.lost: dict[Sock, deque[tuple[float, str]]] = {}
+        self.backs: dict[Sock, FlowCell] = {}  # a sender's socket -> its acks' way
         self.swept = 0.0  # last expiry of idle flows
         # component named -> (the bad observations that named it, when last): one fault, one
         # incident (_one_fault)
@@ -132,22 +146,27 @@ class OutageDetector:
                 q.append((now, rk.rank, w["peer"]))
 
     def on_flows(self, host: str, section: dict[str, Any], now: float) -> None:
-        """Bulk senders (acked `tcp_min_bytes` in a report) and their retransmitting reports;
-        a socket that only sends acks and credits back is left out: the path map knows the
-        data direction of a connection, not the 5-tuple its replies hash on. Any flow's
-        retransmission timeouts are its NIC's ACK timeouts (a RoCE NIC counts its QPs'; TCP's
-        are the kernel's, which no NIC counter sees). They do not make the flow bad: its acks
-        may be what was lost (a link down blackholes both directions of the connections that
-        cross it: the flows the other way time out on their acks, and counted as bad they
-        would tie the link with the other end of the same paths); its retransmits say its
-        data was lost."""
+        """Bulk senders (acked `tcp_min_bytes` in a report) and their retransmitting reports.
+        Any flow's retransmission timeouts are its NIC's ACK timeouts (a RoCE NIC counts its
+        QPs'; TCP's are the kernel's, which no NIC counter sees). They do not make the flow
+        bad: its acks may be what was lost (a link down blackholes both directions of the
+        connections that cross it: the flows the other way time out on their acks); its
+        retransmits say its data was, unless its receiver had the data (`_which_way`)."""
         floor = self.cfg.tcp_min_bytes
         for f in section.get("flows") or ():
             key = (host, f["saddr"], f["sport"], f["daddr"], f["dport"])
             fc = self.flows.get(key)
+            sock = (bare_addr(f["saddr"]), f["sport"], bare_addr(f["daddr"]), f["dport"])
             if f["closed"]:
                 self.flows.pop(key, None)
+                for table in (self.seen, self.lost, self.backs):
+                    table.pop(sock, None)
                 continue
+            self.seen[sock] = (now, f["bytes_acked"], f["bytes_received"],
+                               f["bytes_acked_delta"] == 0 == f["bytes_received_delta"],
+                               f["retrans_segs_delta"] > 0 or f.get("rto_delta", 0) > 0)
+            self._which_way(sock)
+            self._which_way(_reverse(sock))
             if f.get("rto_delta", 0) > 0:
                 nic = self.model.nic_of_addr(bare_addr(f["saddr"]))
                 if nic is not None:
@@ -161,6 +180,40 @@ class OutageDetector:
                     fc.clean.append(now)
             if fc is not None and lost:
                 fc.retrans.append(now)
+
+    def _which_way(self, sock: Sock) -> None:
+        """Which way a timing-out sender's connection lost traffic, from both ends' counters
+        once both stalled (no data either way in their last reports): its receiver holds
+        data it never saw acknowledged (its acks were lost: its data got through), or exactly
+        what it saw acknowledged (its data was lost). Measured on the lab (a link down, run
+        J): node000's leaf00 -> leaf01 connection stalled with its receiver 26,844 bytes
+        ahead (its data rerouted by its own leaf at once, its acks blackholed into leaf00),
+        node002's leaf01 -> leaf00 one with its receiver level (its data blackholed)."""
+        s, r = self.seen.get(sock), self.seen.get(_reverse(sock))
+        if s is None or r is None or not (s[3] and s[4] and r[3]) or abs(s[0] - r[0]) > PAIR_S:
+            return
+        ahead = r[2] - s[1]
+        way = "acks" if 1 < ahead <= AHEAD_MAX else "data" if abs(ahead) <= 1 else None
+        q = self.lost.setdefault(sock, deque(maxlen=FLOW_REPORTS))
+        if way is not None and (not q or q[-1][0] != s[0]):  # one verdict per sender report
+            q.append((s[0], way))
+
+    def _acks_lost(self, sock: Sock, start: float) -> bool:
+        """Whether the connection's acks, not its data, were lost in the window: only ever
+        its receiver ahead (a flap may lose either way in turn: then its data path, as
+        before)."""
+        ways = {w for t, w in self.lost.get(sock, ()) if t >= start}
+        return ways == {"acks"}
+
+    def _back(self, sock: Sock, job: str | None, now: float) -> FlowCell | None:
+        """The way a connection's acks take: its receiver's socket, placed as a flow of its
+        own (its 5-tuple's path: C4P traces every reported socket's, receivers' too; the
+        NIC pair's default path where unknown)."""
+        peer = self.model.addrs.get(sock[2])
+        if peer is None:
+            return None
+        back = self.backs.setdefault(sock, FlowCell(job, now))
+        return back if self._flow_path((peer[0], *_reverse(sock)), back) else None
 
     def _expire(self, start: float) -> None:
         for nic in list(self.beats):
@@ -179,6 +232,9 @@ class OutageDetector:
             self.swept = start
             for key in [k for k, fc in self.flows.items() if fc.moved < start]:
                 del self.flows[key]
+            for sock in [k for k, v in self.seen.items() if v[0] < start]:
+                for table in (self.seen, self.lost, self.backs):
+                    table.pop(sock, None)
 
     def tick(self, now: float) -> list[Finding]:
         return [f for f, bad in self._judge(now) if self._one_fault(f, bad, now)]
@@ -228,7 +284,12 @@ class OutageDetector:
                 if rk is None or got is None or key in bad or not self._timed_out(rk, t) or \
                         self.model.components(comm, got) is None:
                     continue
-                covers[key] = [(comm, got)]
+                socks = self.model.rank_socks(rk, comm.ranks[p]) if p in comm.ranks else ()
+                backs = [self._back(k, comm.job, now) for k in socks
+                         if self._acks_lost(k, start)]
+                # its acks were lost, not its data: it covers their way
+                covers[key] = [(None, b) for b in backs if b is not None] \
+                    if backs and len(backs) == len(socks) and None not in backs else [(comm, got)]
                 host[key] = rk.host
                 bad.add(key)
         times = sorted(b for q in self.beats.values() for b in q)
@@ -263,7 +324,10 @@ class OutageDetector:
             # leaf00-spine01)
             if near == 0 or (n >= MIN_BEATS and 2 * n > most[fk[0]] and 4 * n > anyone):
                 obs = ("flow",) + fk
-                covers[obs] = [(None, self.flows[fk])]
+                sock = (bare_addr(fk[1]), fk[2], bare_addr(fk[3]), fk[4])
+                fc = self.flows[fk]
+                back = self._back(sock, fc.job, now) if self._acks_lost(sock, start) else None
+                covers[obs] = [(None, back or fc)]  # its acks' way where they were lost
                 host[obs] = fk[0]
                 if near:
                     bad.add(obs)
@@ -377,7 +441,8 @@ class OutageDetector:
         f.evidence["blackhole"] = {"into": leaf, "tied": sorted(tied),
                                    "connections_into": len(into[best]),
                                    "connections": len(keys)}
-        f.summary += (f"; {len(into[best])} of {len(keys)} connections' data enters {leaf} "
+        f.summary += (f"; {len(into[best])} of {len(keys)} connections' lost traffic (their "
+                      f"data, or their acks where the receiver had the data) enters {leaf} "
                       f"by it, tied with {', '.join(c for c in sorted(tied) if c != best)}: "
                       "a blackhole drops what other leaves send towards the failed link's leaf")
         return [(f, bad_of)]
@@ -434,11 +499,17 @@ class OutageDetector:
         flows = sorted(f"{k[1]} {k[2]}:{k[3]}->{k[4]}:{k[5]}" for k in top.bad
                        if isinstance(k, tuple) and k[0] == "flow")
         hosts = sorted({host[k] for k in top.bad})
+        backs = {id(b) for b in self.backs.values()}
+        acks = sorted({f"{c.dst}->{c.src}" for k in top.bad for _, c in covers[k]
+                       if id(c) in backs})
         ev: dict[str, Any] = {
             "ack_timeout_reports": {n: beats[n] for n in nics[:16]},  # per NIC, in the window
             "stuck_connections": stuck[:16],  # in SendWait in stall messages, timed out
             "retransmitting_flows": flows[:16],  # eBPF tcp_flows, retransmits at the timeouts
             "sending_hosts": hosts[:16],
+            # connections whose receivers had the data their senders timed out on: their
+            # acks' way voted, not their data's
+            "acks_lost": acks[:16],
             "observations_through_suspect": top.n_all,
             "connections": sorted({f"{c.src}->{c.dst}" for _, c in conns})[:16],
             "window_s": WINDOW_S,
@@ -481,6 +552,11 @@ def _ends(comm: Comm | None, cell: Cell | FlowCell) -> str | None:
     if isinstance(cell, FlowCell):
         return cell.ends or None
     return nic_path(comm, [(cell.src, cell.dst)]) if comm is not None else None
+
+
+def _reverse(sock: Sock) -> Sock:
+    """The other end's socket of a connection."""
+    return (sock[2], sock[3], sock[0], sock[1])
 
 
 def _near(times: list[float], t: float) -> bool:

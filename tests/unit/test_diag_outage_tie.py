@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from c4.aggregator.diagnosis.config import DiagnosisConfig
+from c4.aggregator.diagnosis.model import Model
 from c4.aggregator.diagnosis.outage import OutageDetector
 from c4.aggregator.diagnosis.findings import Finding
 from c4.core import record, wire
@@ -156,13 +159,13 @@ def test_a_replan_moving_the_stuck_connections_names_no_second_link(tmp_path: Pa
 # before had spread the ring): the link down blackholed node002's data into leaf00 and the ACKs
 # of node000's and node001's connections to leaf01 (their data rerouted at once by leaf00);
 # all three hosts' NICs timed out, leaf00 -> leaf01 and leaf01 -> leaf00 flows retransmitted
-# alike and the stuck connections went both ways: the two ends of the same paths tie. Given
-# only the data direction's paths, both ends explain every observation (leaf00-spine00 down:
-# what enters leaf00 by spine00 is lost, node002's data and node000's ACKs; leaf01-spine00
-# down: what enters leaf01 by spine00, node000's data and node002's ACKs). node000's data
-# stopped reaching node002 too (its window filled while its ACKs were lost). What separates
-# them is the spine each connection's ACKs take (the reverse 5-tuple's hash), which the path
-# map does not hold: a reverse trace from the receiving host would.
+# alike and the stuck connections went both ways: the two ends of the same paths tie on the
+# data's paths (leaf00-spine00 down: what enters leaf00 by spine00 is lost, node002's data and
+# node000's ACKs; leaf01-spine00 down: what enters leaf01 by spine00, node000's data and
+# node002's ACKs), and the lab's ECMP hash is symmetric (Linux's flow hash), so the acks take
+# the same spine back. The two ends' counters tell which way was lost: node000's connection
+# stalled with its receiver 26,844 bytes ahead of what node000 saw acknowledged (the acks were
+# lost), node002's with its receiver level (the data was).
 TIE = "15-down-leaf00-spine00-tie"
 
 
@@ -173,11 +176,38 @@ def test_a_two_ended_tie_names_neither_end_wrongly(tmp_path: Path,
         [(round(t, 1), f.suspects[:2]) for t, f in seen]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13, not done: no rule separates a two-ended tie "
-                   "whose connections go both ways; the live run named the link 46 s after "
-                   "the fault, by the slow detector")
-def test_a_two_ended_tie_is_named_within_the_target(
+def test_a_two_ended_tie_is_named_from_the_way_the_traffic_was_lost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: no rule separated it (the live run named the link 46 s after the fault, by the
+    slow detector); a strict xfail here."""
     seen = outage_findings(TIE, tmp_path, monkeypatch)
     assert seen and {f.suspects[0].id for _, f in seen} == {"leaf00-spine00"}
     assert min(t for t, _ in seen) <= 10.0
+    ev = seen[0][1].evidence
+    assert ev["direction"] == "towards leaf00" and ev["acks_lost"], ev
+
+
+def flow(saddr: str, sport: int, daddr: str, dport: int, acked: int, received: int,
+         retrans: int = 0) -> dict[str, Any]:
+    """A stalled tcp_flows row (no data either way in its report)."""
+    return {"saddr": saddr, "sport": sport, "daddr": daddr, "dport": dport, "closed": False,
+            "bytes_acked": acked, "bytes_received": received, "bytes_acked_delta": 0,
+            "bytes_received_delta": 0, "retrans_segs_delta": retrans, "rto_delta": retrans}
+
+
+@pytest.mark.parametrize("gap,way", [(26_844, "acks"), (0, "data"), (1, "data"),
+                                     (4 << 30, None), (-5000, None)])
+def test_which_way_a_stalled_connection_lost_traffic(gap: int, way: str | None) -> None:
+    """Both ends stalled, the sender timing out: its receiver ahead of what it saw acknowledged
+    (node000's connection in run J: 26,844 bytes) lost the acks, level (one byte: a FIN) the
+    data; a gap beyond any receive buffer (an agent that began counting mid-connection: each
+    end counts from when it first saw the flow) or behind says nothing."""
+    det = OutageDetector(DiagnosisConfig(), Model(None), {})
+    det.on_flows("a", {"flows": [flow("10.0.0.1", 40000, "10.0.1.1", 30000, 10**9, 500,
+                                      retrans=1)]}, 100.0)
+    det.on_flows("b", {"flows": [flow("10.0.1.1", 30000, "10.0.0.1", 40000, 500,
+                                      10**9 + gap)]}, 100.4)
+    got = det.lost.get(("10.0.0.1", 40000, "10.0.1.1", 30000))
+    assert [w for _, w in got or ()] == ([way] if way else [])
+    # the receiver is no sender: nothing said of its way
+    assert not det.lost.get(("10.0.1.1", 30000, "10.0.0.1", 40000))
