@@ -33,8 +33,9 @@ connections it covers:
   Which way a stuck connection or a bad flow lost traffic shows once both its ends stalled:
   a receiver holding data its sender never saw acknowledged lost the acks (`_which_way`);
   such an observation covers the path its acks take (its receiver's socket: C4P traces every
-  reported socket's 5-tuple) instead of its data's. A flap's down phases stall the ring too briefly for stall messages, but every flow whose
-  path crosses the link retransmits in each phase (measured on the lab: docs/lab.md).
+  reported socket's 5-tuple) instead of its data's. A flap's down phases stall the ring too
+  briefly for stall messages, but every flow whose path crosses the link retransmits in each
+  phase (measured on the lab: docs/lab.md).
 A fabric link is named when it explains bad observations of `MIN_HOSTS` sending hosts with
 the localisation confidence, with per-connection evidence among them (a stuck connection, or
 retransmitting flows of `MIN_HOSTS` hosts): on the lab, NICs alone named the link at the
@@ -42,8 +43,9 @@ other end of the same paths once in four flaps. When the connections' evidence f
 ends of the same paths equally (a ring's traffic between two leaves), a blackhole is told
 apart by the way its data crosses the link: a failed link's own leaf reroutes at once, the
 other leaves keep sending to its spine for its leaf, so the link the blackholed traffic
-(data, or acks where they were lost) enters its leaf by is named (`_blackhole`). The window spans several periods of a flapping link:
-its observations stay bad between phases and one incident covers them all.
+(data, or acks where they were lost) enters its leaf by is named (`_blackhole`). The window
+spans several periods of a flapping link: its observations stay bad between phases and one
+incident covers them all.
 Packet loss that reaches the senders' timers names its link here too: the component the
 loss detector names, one incident.
 A host's own NIC or cable is not reported here (carrier, hw_nic_down name it), and what
@@ -88,7 +90,7 @@ class FlowCell:
     (its source port's: model.route)."""
 
     __slots__ = ("job", "moved", "retrans", "clean", "tag", "path", "comps", "src", "dst",
-                 "ends", "back")
+                 "ends")
 
     def __init__(self, job: str | None, now: float) -> None:
         self.job = job
@@ -100,7 +102,6 @@ class FlowCell:
         self.comps: list[localise.Component] = []
         self.src = self.dst = ""  # hosts
         self.ends = ""  # NIC -> NIC (host -> host where a NIC is unknown), as nic_path names it
-        self.back: FlowCell | None = None  # its acks' way: the receiver's socket (`_back`)
 
 
 Conn = tuple[Comm | None, Cell | FlowCell]  # a plugin connection or a flow (no comm)
@@ -120,7 +121,7 @@ class OutageDetector:
         # data either way, whether it was timing out: retransmitting or an RTO)
         self.seen: dict[Sock, tuple[float, int, int, bool, bool]] = {}
         # a timing-out sender's socket -> (when, which way was lost: "acks" or "data")
-        self.lost: dict[Sock, deque[tuple[float, str]]] = {}
+        self.ways: dict[Sock, deque[tuple[float, str]]] = {}
         self.backs: dict[Sock, FlowCell] = {}  # a sender's socket -> its acks' way
         self.swept = 0.0  # last expiry of idle flows
         # component named -> (the bad observations that named it, when last): one fault, one
@@ -159,7 +160,7 @@ class OutageDetector:
             sock = (bare_addr(f["saddr"]), f["sport"], bare_addr(f["daddr"]), f["dport"])
             if f["closed"]:
                 self.flows.pop(key, None)
-                for table in (self.seen, self.lost, self.backs):
+                for table in (self.seen, self.ways, self.backs):
                     table.pop(sock, None)
                 continue
             self.seen[sock] = (now, f["bytes_acked"], f["bytes_received"],
@@ -194,7 +195,7 @@ class OutageDetector:
             return
         ahead = r[2] - s[1]
         way = "acks" if 1 < ahead <= AHEAD_MAX else "data" if abs(ahead) <= 1 else None
-        q = self.lost.setdefault(sock, deque(maxlen=FLOW_REPORTS))
+        q = self.ways.setdefault(sock, deque(maxlen=FLOW_REPORTS))
         if way is not None and (not q or q[-1][0] != s[0]):  # one verdict per sender report
             q.append((s[0], way))
 
@@ -202,8 +203,7 @@ class OutageDetector:
         """Whether the connection's acks, not its data, were lost in the window: only ever
         its receiver ahead (a flap may lose either way in turn: then its data path, as
         before)."""
-        ways = {w for t, w in self.lost.get(sock, ()) if t >= start}
-        return ways == {"acks"}
+        return {w for t, w in self.ways.get(sock, ()) if t >= start} == {"acks"}
 
     def _back(self, sock: Sock, job: str | None, now: float) -> FlowCell | None:
         """The way a connection's acks take: its receiver's socket, placed as a flow of its
@@ -212,7 +212,9 @@ class OutageDetector:
         peer = self.model.addrs.get(sock[2])
         if peer is None:
             return None
-        back = self.backs.setdefault(sock, FlowCell(job, now))
+        back = self.backs.get(sock)
+        if back is None:
+            back = self.backs[sock] = FlowCell(job, now)
         return back if self._flow_path((peer[0], *_reverse(sock)), back) else None
 
     def _expire(self, start: float) -> None:
@@ -233,7 +235,7 @@ class OutageDetector:
             for key in [k for k, fc in self.flows.items() if fc.moved < start]:
                 del self.flows[key]
             for sock in [k for k, v in self.seen.items() if v[0] < start]:
-                for table in (self.seen, self.lost, self.backs):
+                for table in (self.seen, self.ways, self.backs):
                     table.pop(sock, None)
 
     def tick(self, now: float) -> list[Finding]:
@@ -285,11 +287,11 @@ class OutageDetector:
                         self.model.components(comm, got) is None:
                     continue
                 socks = self.model.rank_socks(rk, comm.ranks[p]) if p in comm.ranks else ()
-                backs = [self._back(k, comm.job, now) for k in socks
-                         if self._acks_lost(k, start)]
-                # its acks were lost, not its data: it covers their way
-                covers[key] = [(None, b) for b in backs if b is not None] \
-                    if backs and len(backs) == len(socks) and None not in backs else [(comm, got)]
+                acks: list[Conn] = [(None, b) for b in (
+                    self._back(k, comm.job, now) for k in socks if self._acks_lost(k, start))
+                    if b is not None]
+                # every socket of it lost its acks, not its data: it covers their way
+                covers[key] = acks if socks and len(acks) == len(socks) else [(comm, got)]
                 host[key] = rk.host
                 bad.add(key)
         times = sorted(b for q in self.beats.values() for b in q)

@@ -207,7 +207,7 @@ def test_which_way_a_stalled_connection_lost_traffic(gap: int, way: str | None) 
                                       retrans=1)]}, 100.0)
     det.on_flows("b", {"flows": [flow("10.0.1.1", 30000, "10.0.0.1", 40000, 500,
                                       10**9 + gap)]}, 100.4)
-    got = det.lost.get(("10.0.0.1", 40000, "10.0.1.1", 30000))
+    got = det.ways.get(("10.0.0.1", 40000, "10.0.1.1", 30000))
     assert [w for _, w in got or ()] == ([way] if way else [])
     # the receiver is no sender: nothing said of its way
-    assert not det.lost.get(("10.0.1.1", 30000, "10.0.0.1", 40000))
+    assert not det.ways.get(("10.0.1.1", 30000, "10.0.0.1", 40000))
