@@ -33,31 +33,8 @@ import pytest
 from c4.aggregator.diagnosis.config import DiagnosisConfig
 from c4.aggregator.diagnosis.model import Model
 from c4.aggregator.diagnosis.outage import OutageDetector
-from c4.aggregator.diagnosis.findings import Finding
 from c4.core import record, wire
-from tests.unit.test_diag_outage import LAB, rewrite, run, unpack
-
-
-def outage_findings(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
-                    ) -> list[tuple[float, Finding]]:
-    """(seconds from the fault's injection, finding) of the outage detector in a replay: an
-    incident opened by another detector absorbs its findings and keeps its summary."""
-    rec, truth = unpack(name, tmp)
-    paths = LAB / f"{name}.c4rec.paths.json"
-    if paths.exists():
-        shutil.copyfile(paths, f"{rec}.paths.json")
-    start = truth["epoch"] + truth["faults"][0]["start"]
-    seen: list[tuple[float, Finding]] = []
-    tick = OutageDetector.tick
-
-    def observed(self: OutageDetector, now: float) -> list[Finding]:
-        got = tick(self, now)
-        seen.extend((now - start, f) for f in got)
-        return got
-
-    monkeypatch.setattr(OutageDetector, "tick", observed)
-    run(rec, truth)
-    return seen
+from tests.unit.test_diag_outage import LAB, outage_findings, rewrite, run, unpack
 
 
 @pytest.mark.parametrize("name,link,within_s", [
