@@ -184,6 +184,10 @@ class Cell(SlowWindow):
 
     def restart(self) -> None:
         super().restart()
+        self.rebase()
+
+    def rebase(self) -> None:
+        """Restart its marginal history (slow.py): what its reports are judged against changed."""
         self.devs.clear()
         self.first_excess = None
 

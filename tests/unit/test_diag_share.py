@@ -12,6 +12,7 @@ ingest and the real diagnosis."""
 from __future__ import annotations
 
 import math
+import shutil
 import random
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,8 @@ from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.replay import Replay
 from c4.core import record, wire
 from c4.core.topology import Topology
+from tests.unit.test_diag_outage import LAB, unpack
+from tests.unit.test_diag_outage import run as replay_lab
 
 TOPO = Topology.load(Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "topology.json")
 HOSTS = sorted(TOPO.hosts)
@@ -203,3 +206,20 @@ def test_connections_moved_off_a_slow_link_do_not_carry_its_history(tmp_path: Pa
     incidents = run(tmp_path, [(0, BALANCED, {}), (10, BALANCED, {AVOIDED: 0.01}),
                                (30, REPLANNED, {AVOIDED: 0.01})])
     assert named(incidents) == [AVOIDED], [i["summary"] for i in incidents]
+
+
+def test_a_plan_that_crowds_a_link_is_no_marginal_slowness(tmp_path: Path) -> None:
+    """17-flap-leaf02-spine00-replan (lab run K, 2026-12-01): the flap named, C4P re-planned
+    the ring off leaf02-spine00 and a third connection joined leaf01-spine01 and
+    leaf02-spine01 each way. Their unmoved connections then ran 1.5-2x what their new load
+    share predicts (those crossing both crowded links slowest: the share model takes the
+    busiest link of a path, TCP pays for each), and the marginal rule, comparing them with
+    their reports from before the plan, named leaf01-spine01 at 0.83, as in a CI run where it
+    opened on the clean ring after C4P's first plan. A connection whose load share changed
+    restarts its marginal history (slow.py): only the flap's incident."""
+    name = "17-flap-leaf02-spine00-replan"
+    rec, truth = unpack(name, tmp_path)
+    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
+    incidents = replay_lab(rec, truth)
+    assert [i["suspects"][0]["id"] for i in incidents] == ["leaf02-spine00"], \
+        [i["summary"] for i in incidents]
