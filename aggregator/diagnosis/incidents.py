@@ -108,7 +108,7 @@ class Incidents:
         if inc is None and not sure:  # a vague sign of a fault already named (a path:
             # also the hosts and NICs it joins, when one of them is the named fault)
             inc = self._open_for([s.key for s in f.suspects] + list(f.aliases) +
-                                 _path_ends(top))
+                                 (_path_ends(top.kind, top.id) if top is not None else []))
         if inc is None:
             inc = self._cause_of(f)
         if inc is None:
@@ -121,7 +121,7 @@ class Incidents:
             keys.discard(f.scope)
         if vague:
             return inc  # a vague guess neither claims components nor votes for the culprit
-        self._absorb(inc, f.supersedes, now)
+        self._absorb(inc, f.supersedes + self._paths_to(top, inc), now)
         keys -= set(f.supersedes)
         for k in keys - inc.keys:
             inc.keys.add(k)
@@ -149,6 +149,20 @@ class Incidents:
             inc.first_symptom = min(inc.first_symptom, other.first_symptom)
             self.log.warning("incident %d merged into %d: %s explains all its connections",
                              other.id, inc.id, inc.suspects[0]["id"] if inc.suspects else "-")
+
+    def _paths_to(self, top: Suspect | None, inc: Incident) -> tuple[str, ...]:
+        """Keys of the open, unlocalised incidents naming a path that ends at the host (or its
+        rank or NIC) this finding names: the vague sign of this fault, seen before it was
+        named (the other order joins in `report`): a CPU-starved rank stops reading, and the
+        connection into it was named as its path before the straggler (a CI run's lab test,
+        2026-12-01)."""
+        if top is None or top.kind == "path" or not top.host:
+            return ()
+        mine = {f"host:{top.host}"} | ({top.key} if top.kind == "nic" else set())
+        return tuple(f"path:{o.suspects[0]['id']}" for o in self.open()
+                     if o is not inc and o.localised is None and o.suspects and
+                     o.suspects[0]["kind"] == "path" and
+                     mine & set(_path_ends(o.suspects[0]["kind"], o.suspects[0]["id"])))
 
     def _sure(self, f: Finding) -> bool:
         return f.top is not None and f.top.confidence >= self.cfg.localise_confidence
@@ -341,13 +355,13 @@ def _host_and_part(top: Suspect, other: dict[str, Any]) -> bool:
         other.get("host") == top.host
 
 
-def _path_ends(top: Any) -> list[str]:
+def _path_ends(kind: str, sid: str) -> list[str]:
     """Incident keys of the hosts and NICs at the ends of a path suspect
     (`HOST/DEV->HOST/DEV` or `HOST->HOST`)."""
-    if top is None or top.kind != "path":
+    if kind != "path":
         return []
     out = []
-    for end in top.id.split("->"):
+    for end in sid.split("->"):
         host, slash, _ = end.partition("/")
         out += ([f"nic:{end}"] if slash else []) + [f"host:{host}"]
     return out

@@ -95,6 +95,24 @@ def test_a_straggler_and_its_hosts_slow_connections_are_one_incident(tmp_path: P
         assert a.id == b.id and len(inc.open()) == 1
 
 
+def test_the_path_into_a_straggler_named_first_is_the_straggler(tmp_path: Path) -> None:
+    """A CI run of the lab's straggler test (2026-12-01): rank 6 starved of CPU stopped reading,
+    the connection into it (4->6, 16x the job's time per byte) was named as its path
+    node004/mlx5_0->node006/mlx5_0 (0.14, not localised) before the straggler was, and stayed
+    open beside it. A path that ends at the host named later is the same fault: merged into
+    it. A path between other hosts is not."""
+    def path(sid: str, comm: str, now: float) -> Finding:
+        return Finding("comm_slow", "job", comm, [Suspect("path", sid, None, None, 0.14)],
+                       "1 connection slow", {}, now)
+
+    inc = _incidents(tmp_path)
+    into = inc.report(path("node004/mlx5_0->node006/mlx5_0", "00000000000000aa", 0.0), 0.0)
+    other = inc.report(path("node001/mlx5_0->node002/mlx5_0", "00000000000000bb", 0.5), 0.5)
+    named = inc.report(_straggler(1.0), 1.0)
+    assert {i.id for i in inc.open()} == {named.id, other.id}
+    assert inc.get(into.id)["evidence"]["merged_into"] == named.id
+
+
 def test_a_straggler_and_a_slow_nic_on_its_host_stay_two_incidents(tmp_path: Path) -> None:
     inc = _incidents(tmp_path)
     nic = Finding("comm_slow", "job", "00000000000000aa",
