@@ -107,11 +107,13 @@ class SlowDetector:
         cells here also restarts the history of those C4P moved (Model.place) before any is
         judged."""
         load: Counter[str] = Counter()
+        moved = False  # a placed connection placed anew (a plan moved or reconnected it)
         for c in fresh:
             comps = self.model.components(comm, c)
             if comps is None:
                 c.units = None
             elif c.units is None or c.units[0] is not comps:  # placed anew
+                moved |= c.units is not None
                 c.units = (comps, link_units(comps))
             if c.units:
                 load.update(c.units[1])
@@ -122,13 +124,15 @@ class SlowDetector:
         for c in fresh:
             on = c.units[1] if c.units else None
             share = math.log(max(load[x] / gbps[x] for x in on)) if on else None
-            if share is not None and c.share is not None and \
+            if moved and share is not None and c.share is not None and \
                     abs(share - c.share) > math.log(MARGINAL_MIN_RATIO):
                 # others moved onto or off its links (a C4P plan): the load-share prediction
                 # is a model, and its error on the new load is no slowness that arrived (lab
                 # run K: after a plan put a third connection on leaf01-spine01 and
                 # leaf02-spine01, their unmoved connections ran 1.5-2x what it predicts, and
-                # the marginal rule named leaf01-spine01 as in a CI run)
+                # the marginal rule named leaf01-spine01 as in a CI run). Only then: a share
+                # that changes because connections fall idle (a slow link starves the ring's
+                # reports) keeps the history that names the slow link
                 c.rebase()
             c.share = share
             if c.share is not None:
