@@ -35,6 +35,5 @@ def test_the_jobs_own_busiest_link_is_not_a_fault(tmp_path: Path) -> None:
     name = "11-clean-16hosts"
     rec, truth = unpack(name, tmp_path)
     shutil.copyfile(LAB / "topology-hosts16.json", f"{rec}.topology.json")
-    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
     incidents = run(rec, truth)
     assert not [i for i in incidents if i["localised"]], [i["summary"] for i in incidents]

@@ -23,9 +23,14 @@ LAB = Path(__file__).resolve().parents[1] / "fixtures" / "lab"
 
 
 def unpack(name: str, tmp: Path) -> tuple[Path, dict[str, Any]]:
+    """The recording with the lab's topology and, where C4P had moved connections during it,
+    the paths it learned for them (`.paths.json`): the replay places the flows as live."""
     rec = tmp / f"{name}.c4rec"
     rec.write_bytes(lzma.decompress((LAB / f"{name}.c4rec.xz").read_bytes()))
     shutil.copyfile(LAB / "topology.json", f"{rec}.topology.json")
+    paths = LAB / f"{name}.c4rec.paths.json"
+    if paths.exists():
+        shutil.copyfile(paths, f"{rec}.paths.json")
     return rec, json.loads((LAB / f"{name}.c4rec.truth.json").read_text())
 
 
@@ -54,9 +59,6 @@ def outage_findings(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
     of the outage detector in a replay: an incident opened by another detector absorbs its
     findings and keeps its summary."""
     rec, truth = unpack(name, tmp)
-    paths = LAB / f"{name}.c4rec.paths.json"
-    if paths.exists():
-        shutil.copyfile(paths, f"{rec}.paths.json")
     start = truth["epoch"] + (truth["faults"][0]["start"] if truth["faults"] else 0.0)
     seen: list[tuple[float, Finding]] = []
     tick = OutageDetector.tick
@@ -152,7 +154,6 @@ def test_a_nic_that_lost_its_carrier_names_no_fabric_link(tmp_path: Path) -> Non
     incident, naming it."""
     name = "06-nicdown-node005"
     rec, truth = unpack(name, tmp_path)
-    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
     incidents = run(rec, truth)
     assert [i["suspects"][0]["id"] for i in incidents] == ["node005/mlx5_0"], \
         [i["summary"] for i in incidents]

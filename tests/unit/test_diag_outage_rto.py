@@ -7,15 +7,13 @@ recorded with them are named as with it; without `rto` too, nothing times out an
 not (what a TCP job on real NICs got before)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from c4.core import record, wire
-from tests.unit.test_diag_outage import LAB, named_after, rewrite, run
-from tests.unit.test_diag_outage import unpack as unpack_rec
+from tests.unit.test_diag_outage import named_after, rewrite, run, unpack
 
 COUNTER = "local_ack_timeout_err"
 
@@ -49,13 +47,6 @@ def timeouts(rec: Path) -> tuple[int, int]:
 # lab run I (bench/lab --kinds down,flap --record, 2026-12-01, agents with `rto`)
 CASES = [("13-down-leaf00-spine00-rto", "leaf00-spine00", 10.0),
          ("14-flap-leaf01-spine01-rto", "leaf01-spine01", 30.0)]
-
-
-def unpack(name: str, tmp: Path) -> tuple[Path, dict[str, Any]]:
-    """The recording with C4P's paths of its connections (plans had moved some)."""
-    rec, truth = unpack_rec(name, tmp)
-    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
-    return rec, truth
 
 
 @pytest.mark.parametrize("name,link,within_s", CASES)

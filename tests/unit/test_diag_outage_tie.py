@@ -24,7 +24,6 @@ the fault):
   second link was named from the same evidence."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from c4.aggregator.diagnosis.config import DiagnosisConfig
 from c4.aggregator.diagnosis.model import Model
 from c4.aggregator.diagnosis.outage import OutageDetector
 from c4.core import record, wire
-from tests.unit.test_diag_outage import LAB, outage_findings, rewrite, run, unpack
+from tests.unit.test_diag_outage import outage_findings, rewrite, run, unpack
 
 
 @pytest.mark.parametrize("name,link,within_s", [
@@ -76,7 +75,6 @@ def test_a_link_only_one_host_crosses_is_named_as_its_path(tmp_path: Path) -> No
     Before: nothing."""
     name = "09-flap-leaf03-spine01"
     rec, truth = unpack(name, tmp_path)
-    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
     (inc,) = run(rec, truth)
     assert inc["suspects"][0]["kind"] == "path", inc["suspects"]
     assert inc["suspects"][0]["id"] == "node005/mlx5_0->node007/mlx5_0"
@@ -94,7 +92,6 @@ def test_a_bystander_retransmitting_at_another_hosts_timeouts_names_nothing(
     retransmits are not at its own sender's timeouts: the path finding stays as without it."""
     name = "09-flap-leaf03-spine01"
     rec, truth = unpack(name, tmp_path)
-    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
     lone: list[float] = []  # when node005's flow through the flapping link retransmitted
     for data in record.read(rec):
         f = wire.decode(data)
@@ -126,7 +123,6 @@ def test_a_replan_moving_the_stuck_connections_names_no_second_link(tmp_path: Pa
     incident from a subset of the first one's evidence. One fault, one incident."""
     name = "12-down-leaf03-spine01-replan"
     rec, truth = unpack(name, tmp_path)
-    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
     incs = run(rec, truth)
     assert [(i["suspects"][0]["id"], bool(i["localised"])) for i in incs] == \
         [("leaf03-spine01", True)], [(i["summary"], i["suspects"][:2]) for i in incs]

@@ -22,7 +22,7 @@ from c4.aggregator.replay import Replay
 from c4.core import record, wire
 from c4.core.topology import Topology
 from tests.unit.test_diag_outage import run as replay_lab
-from tests.unit.test_diag_outage_rto import unpack as unpack_with_paths
+from tests.unit.test_diag_outage import unpack as unpack_lab
 
 TOPO = Topology.load(Path(__file__).resolve().parents[1] / "fixtures" / "lab" / "topology.json")
 HOSTS = sorted(TOPO.hosts)
@@ -216,7 +216,7 @@ def test_a_plan_that_crowds_a_link_is_no_marginal_slowness(tmp_path: Path) -> No
     their reports from before the plan, named leaf01-spine01 at 0.83, as in a CI run where it
     opened on the clean ring after C4P's first plan. A connection whose load share changed
     restarts its marginal history (slow.py): only the flap's incident."""
-    rec, truth = unpack_with_paths("17-flap-leaf02-spine00-replan", tmp_path)
+    rec, truth = unpack_lab("17-flap-leaf02-spine00-replan", tmp_path)
     incidents = replay_lab(rec, truth)
     assert [i["suspects"][0]["id"] for i in incidents] == ["leaf02-spine00"], \
         [i["summary"] for i in incidents]

@@ -3,7 +3,6 @@ collective, on the lab's ring and in the incident layer."""
 from __future__ import annotations
 
 import logging
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from c4.aggregator.diagnosis.findings import Finding, Suspect
 from c4.aggregator.diagnosis.incidents import Incidents
 from c4.aggregator.diagnosis.model import Comm, Rank
 from c4.aggregator.diagnosis.straggler import StragglerDetector
-from tests.unit.test_diag_outage import LAB, named_after, run, unpack
+from tests.unit.test_diag_outage import named_after, run, unpack
 
 
 def test_a_cpu_starved_rank_on_the_labs_ring_is_named_in_seconds(tmp_path: Path) -> None:
@@ -23,7 +22,6 @@ def test_a_cpu_starved_rank_on_the_labs_ring_is_named_in_seconds(tmp_path: Path)
     over 20 reports, its host 52 s in (past this 40 s recording), with a second incident."""
     name = "07-straggler-6"
     rec, truth = unpack(name, tmp_path)
-    shutil.copyfile(LAB / f"{name}.c4rec.paths.json", f"{rec}.paths.json")
     incidents = run(rec, truth)
     assert len(incidents) == 1, [i["summary"] for i in incidents]
     after = named_after(incidents, truth)
