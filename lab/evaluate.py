@@ -25,7 +25,8 @@ class Score:
     correct_incidents: int = 0
     false_isolations: int = 0  # localised incidents naming a healthy host/NIC/GPU/rank
     false_incidents: int = 0  # incidents (any state) explaining no injected fault
-    on_path: int = 0  # faults not named, whose incident names a path through the component
+    on_path: int = 0  # faults not named, whose unlocalised incident lists the component among
+    # its candidate links (a path, or links tied)
     wrong_job: int = 0  # faults named, but their incident blames another job (shared hosts)
     detect_s: list[float] = field(default_factory=list)
     localise_s: list[float] = field(default_factory=list)
@@ -85,9 +86,9 @@ def score(truth: dict[str, Any], incidents: list[dict[str, Any]], origin: float)
             sc.localise_s.append(first["localised"] - origin - f["start"])
             used.update(i["id"] for i in hits)
         else:
-            paths = [i for i in during if i["suspects"] and i["suspects"][0]["kind"] == "path"
+            paths = [i for i in during if i["localised"] is None
                      and want[1] in (i["evidence"].get("candidate_links") or ())]
-            if paths:  # the right path, honestly not localised to the link
+            if paths:  # the right candidates (a path, or tied links), honestly not localised
                 sc.on_path += 1
                 used.update(i["id"] for i in paths)
             sc.misses.append(f"{f['kind']}:{f['target']} -> " + (

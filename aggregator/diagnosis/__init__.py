@@ -176,7 +176,7 @@ class Diagnosis:
             for f in findings:
                 f = self.measuring.resolve(f, now)
                 self.store.report(f, now)
-                if f.top is not None and f.top.kind == "path":
+                if f.top is not None and f.top.kind in ("path", "link"):
                     self.prober.separate(f.evidence.get("candidate_links") or (), now)
             self.store.tick(now)
             for comm in self.model.expire(now, self.cfg.comm_expire_intervals,

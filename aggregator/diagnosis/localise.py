@@ -212,8 +212,10 @@ def name(top: Hypothesis, path: str | None = None,
     incidents name components: a cable, with the direction(s) it failed in as evidence.
 
     When unrelated components explain exactly the same connections (`split`: a lone
-    connection's NICs, cables and fabric links), the evidence names the connection's `path`
-    (when given) with those candidate links, at the confidence the evidence gives it."""
+    connection's NICs, cables and fabric links; the two cables to one spine when the job's
+    connections cross it only between their two leaves, both ways), the evidence lists those
+    candidate links (probes.py measures them), and the connections' `path`, when they share
+    one, leads the suspects, at the confidence the evidence gives it."""
     sus: list[Suspect] = []
     seen: set[str] = set()
     for h in top.ranked():
@@ -236,8 +238,9 @@ def name(top: Hypothesis, path: str | None = None,
     ev: dict[str, Any] = {"aliases": list(aliases)}
     if top.kind == "link":
         ev["direction"] = _direction(top.id, towards[link_name(top.id)[0]])
-    if top.split > 1 and path is not None:
+    if top.split > 1 and cables:
         ev["candidate_links"] = {lk: _direction(lk, towards[lk]) for lk in cables}
+    if top.split > 1 and path is not None:
         sus.insert(0, Suspect("path", path, None, None, top.posterior))
         sus = sus[:n]
     return sus, ev, aliases

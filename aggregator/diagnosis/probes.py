@@ -341,10 +341,11 @@ class Measuring:
         names that link."""
         topo = self.model.topology
         top = f.top
-        if self.measurer is None or topo is None or top is None or top.kind != "path":
+        if self.measurer is None or topo is None or top is None or \
+                top.kind not in ("path", "link"):
             return f
         cands = candidates(topo, f)
-        legs = self._legs(topo, top.id, cands, now)
+        legs = self._legs(topo, top.id.split("->") if top.kind == "path" else [], cands, now)
         if len(cands) < 2 or len(legs) < 2:
             return f
         for leg in legs:
@@ -360,7 +361,9 @@ class Measuring:
         if verdict is None:
             return f
         cable, signal = verdict
-        share = min(0.99, sum(s.confidence for s in f.suspects if s.kind == "path") * len(cands))
+        # the belief in the tie as a whole: its top suspect (the path, else one of the tied
+        # links) holds one candidate's part of it
+        share = min(0.99, top.confidence * len(cands))
         conf = share * PROBE_ODDS / (share * PROBE_ODDS + 1.0 - share)
         lk = topo.links[cable]
         dirs = sorted(d.partition("=>")[2] for d in cands[cable])
@@ -375,12 +378,12 @@ class Measuring:
                       f"are {'lossy' if signal == 'loss' else 'slow'}")
         return f
 
-    def _legs(self, topo: Topology, path: str, cands: dict[str, frozenset[str]],
+    def _legs(self, topo: Topology, ends: list[str], cands: dict[str, frozenset[str]],
               now: float) -> list[Leg]:
-        """One leg per candidate: from the path's end NIC (else any NIC) under the candidate's
-        leaf whose host this aggregator routes, stopping at its spine (fabric) or leaf (access
-        cable); legs crossing every candidate separate nothing."""
-        ends = path.split("->")
+        """One leg per candidate: from the path's end NIC (else any NIC; `ends`: none when
+        the tie is no single path) under the candidate's leaf whose host this aggregator
+        routes, stopping at its spine (fabric) or leaf (access cable); legs crossing every
+        candidate separate nothing."""
         legs: list[Leg] = []
         for cable in cands:
             lk = topo.links[cable]
@@ -401,12 +404,27 @@ class Measuring:
                     self.unasked += 1
                 continue
             dst = next((e for e in ends if e.partition("/")[0] != src.partition("/")[0]),
-                       ends[-1])
+                       ends[-1] if ends else self._beyond(topo, src))
+            if dst is None:
+                continue
             leg = Leg(src, self._nic(topo, dst) or dst, ttl, via)
             links = leg_links(topo, leg)
             if leg not in legs and not all(links & c for c in cands.values()):
                 legs.append(leg)
         return legs
+
+    @staticmethod
+    def _beyond(topo: Topology, src: str) -> str | None:
+        """A NIC under another leaf than `src`'s: a leg's datagrams must leave the leaf (their
+        hop at the TTL answers; the destination only sets the 5-tuple)."""
+        host, _, dev = src.partition("/")
+        h = topo.hosts.get(host)
+        nic = h.nic(dev) if h else None
+        for o in topo.hosts.values():
+            for n in o.nics:
+                if o.name != host and nic is not None and n.leaf != nic.leaf:
+                    return f"{o.name}/{n.name}"
+        return None
 
     @staticmethod
     def _nic(topo: Topology, end: str) -> str | None:

@@ -12,9 +12,9 @@ from c4.lab.sim import Fault, SimConfig, Simulator, SimMeasurer
 SMALL = dict(hosts=4, gpus_per_host=4, leaves=4, spines=2)
 
 
-def run(tmp_path, spec: str, *, measure: bool, seed: int = 5):
+def run(tmp_path, spec: str, *, measure: bool, seed: int = 5, **fabric):
     sim = Simulator(SimConfig(duration=80, seed=seed, noise=0.05, realism=False,
-                              faults=[Fault.parse(spec)], **SMALL))
+                              faults=[Fault.parse(spec)], **(fabric or SMALL)))
     out = tmp_path / "run.c4rec"
     sim.run(out)
     truth = load_truth(out)
@@ -78,3 +78,33 @@ def test_another_tenants_burst_on_one_leg_names_nothing(tmp_path):
     res = replay(out, measurer=SimMeasurer(sim, origin))
     assert all(i["localised"] is None for i in res.incidents), \
         [i["summary"] for i in res.incidents]
+
+
+def test_a_tie_between_two_leaves_cables_is_measured(tmp_path):
+    """C4P's spread can leave a link's only traffic between its two leaves, both ways: the
+    ring's cross-leaf connections node001 -> node002 and node003 -> node000 both cross
+    spine00, so leaf00-spine00 and leaf01-spine00 (each both ways) explain the same
+    connections. No single path joins them: the tie listed no candidates and nothing was
+    measured (a lab CI run named nothing in 50 s). Now the candidates are listed and the legs
+    from under each leaf single out the lossy one."""
+    spec = "lossy-link:leaf00-spine00@20;loss=0.01;dir=both"
+    tie = dict(hosts=4, gpus_per_host=2, leaves=2, spines=2)
+    sim = Simulator(SimConfig(duration=80, seed=0, noise=0.05, realism=False, **tie))
+    crossing = {(c.src_host, c.dst_host, c.links[1:3]) for c in sim.jobs[0].conns
+                if "leaf00-spine00" in c.links or "leaf01-spine00" in c.links}
+    assert crossing == {("node001", "node002", ("leaf00-spine00", "leaf01-spine00")),
+                        ("node003", "node000", ("leaf01-spine00", "leaf00-spine00"))}
+
+    incidents, sc = run(tmp_path, spec, measure=False, seed=0, **tie)
+    assert sc.named == 0 and sc.on_path == 1 and sc.false_incidents == 0, \
+        [i["summary"] for i in incidents]
+    assert set(incidents[0]["evidence"]["candidate_links"]) == {"leaf00-spine00",
+                                                                "leaf01-spine00"}
+
+    incidents, sc = run(tmp_path, spec, measure=True, seed=0, **tie)
+    assert sc.named == 1 and sc.false_incidents == 0, [i["summary"] for i in incidents]
+    [inc] = incidents
+    assert inc["suspects"][0]["id"] == "leaf00-spine00"
+    assert inc["evidence"]["direction"] == "both"
+    lossy = [leg for leg in inc["evidence"]["probe"]["legs"] if leg["lost"]]
+    assert lossy and all(leg["crosses"] == ["leaf00-spine00"] for leg in lossy)
