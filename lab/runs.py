@@ -161,6 +161,8 @@ def stop_run(st: LabState, run_id: str | None) -> list[str]:
 def finish(st: LabState, run_id: str) -> None:
     with st.locked():
         st.data["runs"][run_id]["state"] = "finished"
+
+
 def conn_spines(fab: Fabric, run_dir: Path) -> dict[str, str | None]:
     """Connection id -> the spine the fabric's ECMP sends its live 5-tuple over (the kernel's
     own answer for the leaf's multipath route): where the connection runs now, on its
@@ -191,6 +193,31 @@ def link_load(st: LabState, run_id: str) -> dict[str, list[str]]:
             if fab.topology.links[link].kind == "fabric":
                 out.setdefault(link, []).append(c["id"])
     return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+
+
+def singled_out(st: LabState, run_id: str, load: dict[str, list[str]]) -> set[str]:
+    """The fabric links of `load` (link_load) the job's traffic can single out: the
+    connections that reach the link's leaf through it come from two other leaves or more. A
+    link down blackholes only that direction (its leaf drops the dead nexthop at once: its
+    own traffic leaves by the other spines), and connections of one leaf pair cross both ends
+    of their path, so no end-to-end observer tells those two links apart (measured: downs and
+    flaps on links only leaf03 -> leaf02, leaf00 <-> leaf01 or leaf01 <-> leaf02 connections
+    crossed, and a flap on a link one connection crossed, were named by nothing, or by the
+    other end; probes separate them, slowly)."""
+    _, info = run_info(st, run_id)
+    fab = st.fabric()
+    leaves: dict[str, tuple[str, str]] = {}  # connection id -> (source leaf, destination leaf)
+    for c in connections(info["dir"]):
+        src, dst = fab.nic_of_addr(c["saddr"]), fab.nic_of_addr(c["daddr"])
+        if src is not None and dst is not None:
+            leaves[c["id"]] = (src.leaf, dst.leaf)
+    out = set()
+    for lk, conns in load.items():
+        leaf = lk.rsplit("-", 1)[0]  # leafL-spineS
+        if len({leaves[c][0] for c in conns if c in leaves and leaves[c][1] == leaf}) >= 2:
+            out.add(lk)
+    return out
+
 
 def start_gloo(st: LabState, *, steps: int, width: int = 512, batch: int = 32,
                hosts: list[str] | None = None, job: str | None = None,
