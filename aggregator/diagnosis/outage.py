@@ -433,9 +433,9 @@ class OutageDetector:
             return []  # the evidence points elsewhere: no tie to break
         tied: dict[str, localise.Hypothesis] = {}
         for h in ranked:
-            cable = localise.link_name(h.id)[0]
-            if h.kind == "link" and cable in common:
-                tied.setdefault(cable, h)
+            for cable in _cables(h):
+                if cable in common:
+                    tied.setdefault(cable, h)
         mass = _cable_mass(ranked)
         conf = sum(mass[cable] for cable in tied)
         if best not in tied or conf < self.cfg.localise_confidence:
@@ -549,13 +549,25 @@ def _cable_mass(ranked: list[localise.Hypothesis]) -> dict[str, float]:
     a link down at 0.55 both ways and 0.43 into its leaf named nothing at 0.8). Elsewhere the
     top hypothesis alone must reach it, as before: with the sum everywhere, one CI run named
     a second link (two hosts' retransmitting flows) beside a flapping one, not reproduced in 3
-    local runs; the split is kept as a brake there."""
+    local runs; the split is kept as a brake there.
+    A hypothesis whose aliases are other cables (the two ends of the same paths explaining the
+    same observations: its posterior split between them) gives each its share: lab run M's down
+    of leaf02-spine00 under C4P's spread tied with leaf03-spine00 inside one hypothesis, 0.48
+    each, and the blackhole's way named nothing."""
     mass: dict[str, float] = {}
     for h in ranked:
-        if h.kind == "link":
-            cable = localise.link_name(h.id)[0]
+        for cable in _cables(h):
             mass[cable] = mass.get(cable, 0.0) + h.posterior
     return mass
+
+
+def _cables(h: localise.Hypothesis) -> list[str]:
+    """The cables a link hypothesis names: its own, then those of its aliases."""
+    if h.kind != "link":
+        return []
+    ids = [h.id] + [cid for kind, _, cid in (a.partition(":") for a in h.aliases)
+                    if kind == "link"]
+    return list(dict.fromkeys(localise.link_name(cid)[0] for cid in ids))
 
 
 def _ends(comm: Comm | None, cell: Cell | FlowCell) -> str | None:

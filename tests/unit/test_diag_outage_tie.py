@@ -184,3 +184,22 @@ def test_which_way_a_stalled_connection_lost_traffic(gap: int, way: str | None) 
     assert [w for _, w in got or ()] == ([way] if way else [])
     # the receiver is no sender: nothing said of its way
     assert not det.ways.get(("10.0.1.1", 30000, "10.0.0.1", 40000))
+
+
+ALIAS = "18-down-leaf02-spine00-alias"
+
+
+def test_a_tie_inside_one_hypothesis_is_broken_by_the_blackholes_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """18-down-leaf02-spine00-alias (lab run M, 2026-12-01, C4P applying its plans): after the
+    spread only leaf02 <-> leaf03 connections crossed spine00, both ways. leaf02-spine00 and
+    leaf03-spine00 explained the same observations, so they were one hypothesis (aliases, 0.48
+    each), and the blackhole's way counted only the hypothesis' own cable: 0.48, under the
+    localise confidence, nothing named (a comm_hang on node006 at 0.46 instead). Every stalled
+    connection's lost traffic entered leaf02 by leaf02-spine00: named towards leaf02."""
+    seen = outage_findings(ALIAS, tmp_path, monkeypatch)
+    assert seen and {f.suspects[0].id for _, f in seen} == {"leaf02-spine00"}, \
+        [(round(t, 1), f.suspects[:2]) for t, f in seen]
+    assert min(t for t, _ in seen) <= 10.0
+    assert seen[0][1].evidence["direction"] == "towards leaf02"
+    assert seen[0][1].evidence["blackhole"]["tied"] == ["leaf02-spine00", "leaf03-spine00"]
