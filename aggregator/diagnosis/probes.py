@@ -345,8 +345,10 @@ class Measuring:
                 top.kind not in ("path", "link"):
             return f
         cands = candidates(topo, f)
+        if len(cands) < 2:
+            return f  # a link finding without a tie (most): nothing to measure
         legs = self._legs(topo, top.id.split("->") if top.kind == "path" else [], cands, now)
-        if len(cands) < 2 or len(legs) < 2:
+        if len(legs) < 2:
             return f
         for leg in legs:
             st = self.legs.setdefault(leg, _Rounds())
@@ -420,11 +422,10 @@ class Measuring:
         host, _, dev = src.partition("/")
         h = topo.hosts.get(host)
         nic = h.nic(dev) if h else None
-        for o in topo.hosts.values():
-            for n in o.nics:
-                if o.name != host and nic is not None and n.leaf != nic.leaf:
-                    return f"{o.name}/{n.name}"
-        return None
+        if nic is None:
+            return None
+        return next((f"{o.name}/{n.name}" for o in topo.hosts.values() if o.name != host
+                     for n in o.nics if n.leaf != nic.leaf), None)
 
     @staticmethod
     def _nic(topo: Topology, end: str) -> str | None:
