@@ -44,7 +44,7 @@ class Diagnosis:
         self.counters = Counters(cfg)
         self.hang = HangDetector(cfg, self.model)
         self.prober = Prober(self.model)
-        self.measuring = Measuring(self.model)
+        self.measuring = Measuring(self.model, cfg.localise_confidence)
         self.slow = SlowDetector(cfg, self.model, self.counters, self.prober)
         self.straggler = StragglerDetector(cfg)
         self.loss = LossDetector(cfg, self.model)

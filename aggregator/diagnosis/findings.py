@@ -7,7 +7,7 @@ from typing import Any
 
 from c4.core.catalog import INCIDENT_CLASSES as CLASS_RANK
 
-__all__ = ["CLASS_RANK", "Finding", "Suspect"]  # CLASS_RANK: the catalog's, for the aggregator
+__all__ = ["CLASS_RANK", "Finding", "Suspect", "describe", "renamed"]  # CLASS_RANK: the catalog's, for the aggregator
 
 
 @dataclass
@@ -54,3 +54,18 @@ class Finding:
         hang is one symptom whichever rule names it (first no suspect, then a culprit)."""
         cls = "comm_hang" if self.cls == "noncomm_hang" else self.cls
         return f"{cls}:{self.comm or self.job or '-'}"
+
+
+def describe(top: Suspect, confidence: float) -> str:
+    """How a finding's summary names its top suspect: by name only when it is sure enough."""
+    if top.kind == "path":
+        return f"path {top.id} ({top.confidence:.2f}: its links cannot be told apart)"
+    return f"{top.kind} {top.id}" if top.confidence >= confidence else \
+        "no single component (ambiguous)"
+
+
+def renamed(summary: str, top: Suspect, confidence: float) -> str:
+    """A finding's summary once a tie-break (the measuring probes, a blackhole's way) named its
+    top suspect: its closing "suspect: ..." says what it names now, not "ambiguous"."""
+    head, sep, _ = summary.rpartition("; suspect: ")
+    return f"{head}{sep}{describe(top, confidence)}" if sep else summary

@@ -18,9 +18,9 @@ from c4.core import ordinals
 
 from . import localise
 from .config import DiagnosisConfig
-from .findings import Finding, Suspect
+from .findings import Finding, Suspect, describe
 from .model import PAUSE_MARGIN, STOPPED, Comm, Model, Rank
-from .slow import describe, matrix, nic_path
+from .slow import matrix, nic_path
 
 STUCK_SHARE = 0.5  # a send connection that spent this share of the interval in SendWait
 MAX_CULPRIT_HOSTS = 4  # beyond this, "everyone is behind someone": not localised

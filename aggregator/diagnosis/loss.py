@@ -22,9 +22,9 @@ from c4.core.topology import endpoint
 from . import localise
 from .config import DiagnosisConfig
 from .counters import port_rates
-from .findings import Finding
+from .findings import Finding, describe
 from .model import Cell, Comm, Model, Rank, SlowWindow, ballot
-from .slow import FRESH_INTERVALS, describe, nic_path
+from .slow import FRESH_INTERVALS, nic_path
 from .stats import quantile
 
 # The loss counters by the end of a flow that counts them (c4.core.catalog).

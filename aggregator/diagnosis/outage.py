@@ -66,9 +66,9 @@ from c4.core.topology import endpoint
 from . import localise
 from .config import DiagnosisConfig
 from .counters import port_rates
-from .findings import Finding, Suspect
+from .findings import Finding, Suspect, describe, renamed
 from .model import Cell, Comm, Model, Rank, Sock, bare_addr
-from .slow import describe, nic_path
+from .slow import nic_path
 
 COUNTER = "local_ack_timeout_err"
 WINDOW_S = 30.0  # evidence window: several periods of a flapping link
@@ -452,6 +452,7 @@ class OutageDetector:
         f.evidence["blackhole"] = {"into": leaf, "tied": sorted(tied),
                                    "connections_into": len(into[best]),
                                    "connections": len(keys)}
+        f.summary = renamed(f.summary, f.suspects[0], self.cfg.localise_confidence)
         f.summary += (f"; {len(into[best])} of {len(keys)} connections' lost traffic (their "
                       f"data, or their acks where the receiver had the data) enters {leaf} "
                       f"by it, tied with {', '.join(c for c in sorted(tied) if c != best)}: "

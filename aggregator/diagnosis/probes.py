@@ -29,9 +29,10 @@ from typing import Any, Callable, Iterable, Protocol
 
 from c4.core.topology import Topology, access_link_id, fabric_link_id
 
-from .findings import Finding, Suspect
+from .findings import Finding, Suspect, renamed
 from .localise import directed
 from .model import LEARNED_REFRESH_S, Cell, Comm, Model
+
 
 RETRY_S = 60.0  # a NIC pair is asked about again at most this often
 PER_TICK = 8  # new requests per evaluation
@@ -297,8 +298,9 @@ def _poisson_cdf(k: int, lam: float) -> float:
 class Measuring:
     """Measures the candidate links of path findings and names the one the legs single out."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, confidence: float) -> None:
         self.model = model
+        self.confidence = confidence  # localise_confidence: what a named suspect must reach
         # the agents, where there is a topology to pick legs from (a replay: what
         # replay(measurer=) gives, else nothing answers)
         self.measurer: Measurer | None = \
@@ -376,6 +378,7 @@ class Measuring:
         f.evidence["direction"] = f"towards {dirs[0]}" if len(dirs) == 1 else "both"
         f.evidence["probe"] = {"named": cable, "signal": signal, "legs": [
             self._describe(leg, crossed[leg], cands) for leg in legs]}
+        f.summary = renamed(f.summary, f.suspects[0], self.confidence)
         f.summary += (f"; measured: only the legs crossing {lk.id} ({f.evidence['direction']}) "
                       f"are {'lossy' if signal == 'loss' else 'slow'}")
         return f

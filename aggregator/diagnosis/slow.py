@@ -20,7 +20,7 @@ from typing import Any, Hashable, Sequence
 from . import localise
 from .config import DiagnosisConfig
 from .counters import Counters
-from .findings import Finding, Suspect
+from .findings import Finding, describe
 from .model import MARGINAL_REPORTS, Cell, Comm, Model, Rank, ballot
 from .probes import Prober
 from .stats import lower_baseline, median, quantile
@@ -360,13 +360,6 @@ def link_units(comps: list[localise.Component]) -> list[str]:
              if c[0] == "link" and c[3] in (localise.PRIO_FABRIC, localise.PRIO_ACCESS)]
     one_way = {localise.link_name(lk)[0] for lk in links if localise.link_name(lk)[1]}
     return [lk for lk in links if localise.link_name(lk)[1] or lk not in one_way]
-
-
-def describe(top: Suspect, confidence: float) -> str:
-    if top.kind == "path":
-        return f"path {top.id} ({top.confidence:.2f}: its links cannot be told apart)"
-    return f"{top.kind} {top.id}" if top.confidence >= confidence else \
-        "no single component (ambiguous)"
 
 
 def nic_path(comm: Comm, keys: Sequence[tuple[int, int]]) -> str | None:

@@ -33,10 +33,10 @@ from typing import Any
 
 from . import localise
 from .config import DiagnosisConfig
-from .findings import Finding, Suspect
+from .findings import Finding, Suspect, describe
 from .model import (PACE_REPORTS, PAUSE_MARGIN, STOPPED, Model, SlowWindow, Sock, ballot,
                     bare_addr)
-from .slow import FRESH_INTERVALS, describe
+from .slow import FRESH_INTERVALS
 from .stats import lower_baseline, median
 
 PROGRESS_BYTES = 4096  # a host's report that moved less on a job's flows: no progress there

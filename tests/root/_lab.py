@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from c4.lab import api, control, runs
+from c4.lab import api, control, netns, runs
 from c4.lab.state import LabState
 
 
@@ -28,6 +28,22 @@ def down_pairs(st: LabState, rid: str) -> dict[str, set[tuple[str, str]]]:
         if len(hops) == 2:
             out.setdefault(hops[1], set()).add((src.host, dst.host))
     return out
+
+
+def into_leaf_bytes(st: LabState, link: str, seconds: float = 2.0) -> int:
+    """Bytes a fabric link delivered to its leaf over `seconds`, read from the leaf end's own
+    counter: the traffic a down link blackholes (what its own leaf sends reroutes at once)."""
+    fab = st.fabric()
+    w, lk = fab.wires[link], fab.topology.links[link]
+    end = w.a if fab.topology.switches[lk.a].tier == "leaf" else w.b
+
+    def rx() -> int:
+        with netns.open_ns(end.ns) as ipr:
+            return int(ipr.get_links(ifname=end.ifname)[0].get_attr("IFLA_STATS64")["rx_bytes"])
+
+    before = rx()
+    time.sleep(seconds)
+    return rx() - before
 
 
 def new_prefix() -> str:

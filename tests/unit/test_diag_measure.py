@@ -106,5 +106,7 @@ def test_a_tie_between_two_leaves_cables_is_measured(tmp_path):
     [inc] = incidents
     assert inc["suspects"][0]["id"] == "leaf00-spine00"
     assert inc["evidence"]["direction"] == "both"
+    # the summary names what was measured, not the tie it began as ("ambiguous")
+    assert "suspect: link leaf00-spine00; measured: " in inc["summary"], inc["summary"]
     lossy = [leg for leg in inc["evidence"]["probe"]["legs"] if leg["lost"]]
     assert lossy and all(leg["crosses"] == ["leaf00-spine00"] for leg in lossy)

@@ -203,3 +203,4 @@ def test_a_tie_inside_one_hypothesis_is_broken_by_the_blackholes_way(
     assert min(t for t, _ in seen) <= 10.0
     assert seen[0][1].evidence["direction"] == "towards leaf02"
     assert seen[0][1].evidence["blackhole"]["tied"] == ["leaf02-spine00", "leaf03-spine00"]
+    assert "suspect: link leaf02-spine00; " in seen[0][1].summary, seen[0][1].summary
