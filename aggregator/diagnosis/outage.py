@@ -32,8 +32,9 @@ connections it covers:
   alone would break a tie between the two ends of the same paths), clear when it moved data
   with none; it covers its own path (the path map's for its source port). Only bulk senders
   count.
-  Which way a stuck connection or a bad flow lost traffic shows once both its ends stalled:
-  a receiver holding data its sender never saw acknowledged lost the acks (`_which_way`);
+  Which way a stuck connection or a bad flow lost traffic shows once both its ends stalled
+  (a receiver holding data its sender never saw acknowledged lost the acks), or while it still
+  moves, by which end dropped duplicates (the receiver: the acks were lost) (`_which_way`);
   such an observation covers the path its acks take (its receiver's socket: C4P traces every
   reported socket's 5-tuple) instead of its data's. A flap's down phases stall the ring too
   briefly for stall messages, but every flow whose path crosses the link retransmits in each
@@ -45,7 +46,9 @@ other end of the same paths once in four flaps. When the connections' evidence f
 ends of the same paths equally (a ring's traffic between two leaves), a blackhole is told
 apart by the way its data crosses the link: a failed link's own leaf reroutes at once, the
 other leaves keep sending to its spine for its leaf, so the link the blackholed traffic
-(data, or acks where they were lost) enters its leaf by is named (`_blackhole`). The window
+(data, or acks where they were lost) enters its leaf by is named (`_blackhole`), once the
+evidence shows an outage, not loss: a stuck connection, or flows that lost traffic in phases
+with clean reports between (`_phased`). The window
 spans several periods of a flapping link: its observations stay bad between phases and one
 incident covers them all.
 Packet loss that reaches the senders' timers names its link here too: the component the
@@ -81,6 +84,10 @@ FLOW_REPORTS = 64  # retransmitting reports kept per flow (more than a window's 
 # (net.ipv4.tcp_rmem's maximum, 6 MiB by default; 32 MiB allows for tuned hosts); a larger gap
 # means the two ends' counters began apart (an agent started mid-connection), not lost acks
 AHEAD_MAX = 32 << 20
+# A socket dropped what it had received already (`last_drop_reason` of its drops in a report):
+# its peer retransmitted data that had arrived, so what this end sent (its acks) was lost
+DUPLICATE = frozenset({"TCP_OLD_DATA", "TCP_OLD_SEQUENCE"})
+PHASE_GAP_S = 1.5  # ACK timeouts further apart than this are separate outages (1 s reports)
 
 FlowKey = tuple[str, str, int, str, int]  # host, saddr, sport, daddr, dport
 Named = tuple[Finding, frozenset[Hashable]]  # a finding and the bad observations behind it
@@ -126,7 +133,10 @@ class OutageDetector:
         self.seen: dict[Sock, tuple[float, int, int, bool, bool]] = {}
         # a timing-out sender's socket -> (when, which way was lost: "acks" or "data")
         self.ways: dict[Sock, deque[tuple[float, str]]] = {}
+        # the same from duplicates while it still moved: used by the blackhole tie-break only
+        self.moving: dict[Sock, deque[tuple[float, str]]] = {}
         self.backs: dict[Sock, FlowCell] = {}  # a sender's socket -> its acks' way
+        self.dups: dict[Sock, float] = {}  # a socket -> its last report dropping duplicates
         self.swept = 0.0  # last expiry of idle flows
         # component named -> (the bad observations that named it, when last): one fault, one
         # incident (_one_fault)
@@ -163,12 +173,14 @@ class OutageDetector:
             sock = (bare_addr(f["saddr"]), f["sport"], bare_addr(f["daddr"]), f["dport"])
             if f["closed"]:
                 self.flows.pop(key, None)
-                for table in (self.seen, self.ways, self.backs):
+                for table in (self.seen, self.ways, self.moving, self.backs, self.dups):
                     table.pop(sock, None)
                 continue
             self.seen[sock] = (now, f["bytes_acked"], f["bytes_received"],
                                f["bytes_acked_delta"] == 0 == f["bytes_received_delta"],
                                f["retrans_segs_delta"] > 0 or f.get("rto_delta", 0) > 0)
+            if f.get("drops_delta", 0) > 0 and f.get("last_drop_reason") in DUPLICATE:
+                self.dups[sock] = now
             self._which_way(sock)
             self._which_way(_reverse(sock))
             if f.get("rto_delta", 0) > 0:
@@ -186,34 +198,57 @@ class OutageDetector:
                 fc.retrans.append(now)
 
     def _which_way(self, sock: Sock) -> None:
-        """Which way a timing-out sender's connection lost traffic, from both ends' counters
-        once both stalled (no data either way in their last reports): its receiver holds
+        """Which way a timing-out sender's connection lost traffic, from both ends' reports.
+        Once both stalled (no data either way in their last reports): its receiver holds
         data it never saw acknowledged (its acks were lost: its data got through), or exactly
         what it saw acknowledged (its data was lost). Measured on the lab (a link down, run
         J): node000's leaf00 -> leaf01 connection stalled with its receiver 26,844 bytes
         ahead (its data rerouted by its own leaf at once, its acks blackholed into leaf00),
-        node002's leaf01 -> leaf00 one with its receiver level (its data blackholed)."""
+        node002's leaf01 -> leaf00 one with its receiver level (its data blackholed).
+        Still moving (a flap's 1 s outages): the end that dropped duplicates received what its
+        peer resent needlessly, so what that end sent was lost: the receiver, the acks; the
+        sender (the receiver's own messages back), the data. Measured on the lab (run M, a
+        flap of leaf03-spine00 under C4P's spread): the leaf02 -> leaf03 connections'
+        senders, the leaf03 -> leaf02 ones' receivers dropped duplicates in its phases."""
         s, r = self.seen.get(sock), self.seen.get(_reverse(sock))
-        if s is None or r is None or not (s[3] and s[4] and r[3]) or abs(s[0] - r[0]) > PAIR_S:
+        if s is None or r is None or not s[4] or abs(s[0] - r[0]) > PAIR_S:
             return
-        ahead = r[2] - s[1]
-        way = "acks" if 1 < ahead <= AHEAD_MAX else "data" if abs(ahead) <= 1 else None
-        q = self.ways.setdefault(sock, deque(maxlen=FLOW_REPORTS))
+        if s[3] and r[3]:
+            ahead = r[2] - s[1]
+            way = "acks" if 1 < ahead <= AHEAD_MAX else "data" if abs(ahead) <= 1 else None
+            table = self.ways
+        else:
+            mine, theirs = self._duplicates(sock, s[0]), self._duplicates(_reverse(sock), s[0])
+            way = "data" if mine and not theirs else "acks" if theirs and not mine else None
+            table = self.moving
+        q = table.setdefault(sock, deque(maxlen=FLOW_REPORTS))
         if way is not None and (not q or q[-1][0] != s[0]):  # one verdict per sender report
             q.append((s[0], way))
 
-    def _acks_lost(self, sock: Sock, start: float) -> bool:
+    def _duplicates(self, sock: Sock, t: float) -> bool:
+        """Whether the socket dropped duplicates in a report within PAIR_S of `t`."""
+        d = self.dups.get(sock)
+        return d is not None and abs(d - t) <= PAIR_S
+
+    def _acks_lost(self, sock: Sock, start: float, moving: bool = False) -> bool:
         """Whether the connection's acks, not its data, were lost in the window: only ever
-        its receiver ahead (a flap may lose either way in turn: then its data path, as
-        before)."""
-        return {w for t, w in self.ways.get(sock, ()) if t >= start} == {"acks"}
+        its receiver ahead once stalled (a flap may lose either way in turn: then its data
+        path, as before); with `moving`, only ever its receiver dropping the duplicates. Those
+        decide the blackhole tie-break only: under loss a needless resend makes a receiver
+        drop one as well (lab run O, 2 % loss up a leaf's uplink: flows taken for "acks"
+        covered their acks' way, which shares only their hosts' own pair with their data's,
+        and a host pair was named)."""
+        ways = self.moving if moving else self.ways
+        return {w for t, w in ways.get(sock, ()) if t >= start} == {"acks"}
 
     def _back(self, sock: Sock, job: str | None, now: float) -> FlowCell | None:
         """The way a connection's acks take: its receiver's socket, placed as a flow of its
-        own (its 5-tuple's path: C4P traces every reported socket's, receivers' too; the
-        NIC pair's default path where unknown)."""
+        own, where C4P's map knows its 5-tuple's path (C4P traces every reported socket's,
+        receivers' too). Not the NIC pair's default path where unknown: the acks' 5-tuple
+        hashes on its own, and a guess would vote on a link they may never cross (a replay
+        whose map knew only the senders' ports named nothing for a flap)."""
         peer = self.model.addrs.get(sock[2])
-        if peer is None:
+        if peer is None or self.model.sock_path(None, None, _reverse(sock)) is None:
             return None
         back = self.backs.get(sock)
         if back is None:
@@ -238,7 +273,7 @@ class OutageDetector:
             for key in [k for k, fc in self.flows.items() if fc.moved < start]:
                 del self.flows[key]
             for sock in [k for k, v in self.seen.items() if v[0] < start]:
-                for table in (self.seen, self.ways, self.backs):
+                for table in (self.seen, self.ways, self.moving, self.backs, self.dups):
                     table.pop(sock, None)
 
     def tick(self, now: float) -> list[Finding]:
@@ -337,8 +372,12 @@ class OutageDetector:
                 obs = ("flow",) + fk
                 sock = (bare_addr(fk[1]), fk[2], bare_addr(fk[3]), fk[4])
                 fc = self.flows[fk]
-                back = self._back(sock, fc.job, now) if self._acks_lost(sock, start) else None
-                covers[obs] = [(None, back or fc)]  # its acks' way where they were lost
+                # its acks' way where they were lost; a flow clean at the timeouts clears its
+                # data's way, whatever a needless retransmit of it once said (fixture 08: a
+                # receiver's duplicate made one "acks", and it cleared the wrong direction)
+                back = self._back(sock, fc.job, now) \
+                    if near and self._acks_lost(sock, start) else None
+                covers[obs] = [(None, back or fc)]
                 host[obs] = fk[0]
                 if near:
                     bad.add(obs)
@@ -364,7 +403,7 @@ class OutageDetector:
         # NICs alone: the two ends of the same paths (measured: the wrong one); a blackhole
         # is told apart by the way its connections cross it (and says which way it failed),
         # else by flows that kept moving data through one end at the timeouts
-        return self._blackhole(ranked, link.id, bad, host, covers, beats) or (
+        return self._blackhole(ranked, link.id, bad, host, covers, beats, now) or (
             [self._finding(top, covers, host, beats)]
             if sure and through and _per_connection(top, host, covers, through) else [])
 
@@ -402,20 +441,25 @@ class OutageDetector:
 
     def _blackhole(self, ranked: list[localise.Hypothesis], top: str, bad: set[Hashable],
                    host: dict[Hashable, str], covers: dict[Hashable, list[Conn]],
-                   beats: dict[str, int]) -> list[Named]:
+                   beats: dict[str, int], now: float) -> list[Named]:
         """The fabric link of a tie between the two ends of the same paths that the stuck
         connections' data enters its leaf by. A link that fails is dropped at once by its two
         ends (carrier loss is local): what its own leaf sends is rerouted, what the other
         leaves still hash onto its spine for its leaf is blackholed until the routes are
-        withdrawn. Only with a stuck connection (progress stopped: not loss, which may be
-        one-way up), when most connections' evidence enters one leaf by one link, and with
-        flows of MIN_HOSTS hosts among them that retransmit: the data itself was lost
-        (measured: connections stuck waiting for their acks, whose flows did not retransmit,
-        entered the far leaf of a down link)."""
+        withdrawn. Only for an outage, not loss (which may be one-way up, where the same
+        connections lose the same way): with a stuck connection (progress stopped), or flows
+        that lost traffic in separate phases (`_phased`: a flap's outages stall the ring too
+        briefly for a stall message); when most connections' evidence enters one leaf by one
+        link, and with flows of MIN_HOSTS hosts among them that retransmit: the data itself
+        was lost (measured: connections stuck waiting for their acks, whose flows did not
+        retransmit, entered the far leaf of a down link)."""
         topo = self.model.topology
+        start = now - WINDOW_S
         keys = [k for k in bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
-        if topo is None or not any(k[0] == "conn" for k in keys):
+        if topo is None or not (any(k[0] == "conn" for k in keys) or
+                                self._phased(keys, host, start)):
             return []
+        covers = {k: self._lost_way(k, conns, now) for k, conns in covers.items()}
         into: dict[str, list[tuple[Any, ...]]] = {}
         for k in keys:
             ends = {self._into_leaf(cell) for _, cell in covers[k]}
@@ -447,6 +491,7 @@ class OutageDetector:
             Suspect(s.kind, s.id, s.host, s.rank, s.confidence * (1.0 - conf))
             for s in f.suspects if s.kind != "path" and s.id != best][:3]
         f.aliases = tuple(a for a in f.aliases if a != f"link:{best}")
+        f.evidence["aliases"] = list(f.aliases)  # the named link is no alias of itself
         f.evidence.pop("candidate_links", None)
         f.evidence["direction"] = f"towards {leaf}"
         f.evidence["blackhole"] = {"into": leaf, "tied": sorted(tied),
@@ -458,6 +503,52 @@ class OutageDetector:
                       f"by it, tied with {', '.join(c for c in sorted(tied) if c != best)}: "
                       "a blackhole drops what other leaves send towards the failed link's leaf")
         return [(f, bad_of)]
+
+    def _lost_way(self, k: Hashable, conns: list[Conn], now: float) -> list[Conn]:
+        """The way an observation's lost traffic took, as the blackhole tie-break reads it:
+        what it covers, or for a bad flow whose receiver dropped the duplicates of its resends
+        (and its sender none) in every verdict of the window, its acks' way (`_which_way`)."""
+        if not isinstance(k, tuple) or k[0] != "flow":
+            return conns
+        start = now - WINDOW_S
+        fk: FlowKey = k[1:]
+        sock = (bare_addr(fk[1]), fk[2], bare_addr(fk[3]), fk[4])
+        fc = self.flows.get(fk)
+        if fc is None or self._acks_lost(sock, start) or \
+                not self._acks_lost(sock, start, moving=True):
+            return conns
+        back = self._back(sock, fc.job, now)
+        return [(None, back)] if back is not None else conns
+
+    def _phased(self, keys: list[tuple[Any, ...]], host: dict[Hashable, str],
+                start: float) -> bool:
+        """Whether the bad flows lost traffic in separate outages, not continuously: each moved
+        data cleanly in more reports than it retransmitted in between its first retransmitting
+        report and its last, and their senders' ACK timeouts fall in MIN_BEATS phases or more
+        (PHASE_GAP_S apart), each timing out MIN_HOSTS of them at once. A lossy link makes
+        its flows retransmit report after report (lab run M, 5 % both ways: 6 to 9 reports in
+        a row, none clean between); a flapping one stops them all together, phase after
+        phase, and passes their data cleanly between (run M's flaps: 4 to 7 retransmitting
+        reports, 15 or more clean between)."""
+        flows = [k for k in keys if k[0] == "flow"]
+        for k in flows:
+            fc = self.flows.get(k[1:])
+            if fc is None:
+                return False
+            lost = sorted(t for t in fc.retrans if t >= start)
+            if not lost or sum(1 for t in fc.clean if lost[0] < t < lost[-1]) <= len(lost):
+                return False
+        hosts = {host[k] for k in flows}
+        timeouts = sorted((t, nic.partition("/")[0]) for nic, q in self.beats.items()
+                          if nic.partition("/")[0] in hosts for t, _ in q if t >= start)
+        phases, last, caught = 0, None, set()
+        for t, h in timeouts + [(float("inf"), "")]:
+            if last is not None and t - last > PHASE_GAP_S:
+                phases += 1 if len(caught) >= MIN_HOSTS else 0
+                caught = set()
+            caught.add(h)
+            last = t
+        return phases >= MIN_BEATS
 
     def _into_leaf(self, cell: Cell | FlowCell) -> str | None:
         """The fabric link (cable) by which a connection's data enters a leaf, if one."""

@@ -375,6 +375,7 @@ class Measuring:
             Suspect(s.kind, s.id, s.host, s.rank, s.confidence * (1.0 - conf))
             for s in f.suspects if s.kind != "path" and s.id != cable][:3]
         f.aliases = tuple(a for a in f.aliases if a != f"link:{cable}")
+        f.evidence["aliases"] = list(f.aliases)  # the named link is no alias of itself
         f.evidence["direction"] = f"towards {dirs[0]}" if len(dirs) == 1 else "both"
         f.evidence["probe"] = {"named": cable, "signal": signal, "legs": [
             self._describe(leg, crossed[leg], cands) for leg in legs]}

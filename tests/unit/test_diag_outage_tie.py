@@ -204,3 +204,43 @@ def test_a_tie_inside_one_hypothesis_is_broken_by_the_blackholes_way(
     assert seen[0][1].evidence["direction"] == "towards leaf02"
     assert seen[0][1].evidence["blackhole"]["tied"] == ["leaf02-spine00", "leaf03-spine00"]
     assert "suspect: link leaf02-spine00; " in seen[0][1].summary, seen[0][1].summary
+
+
+PAIR_FLAP = "19-flap-leaf03-spine00-pair"
+
+
+def test_a_flap_between_one_leaf_pair_is_told_by_which_end_dropped_duplicates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """19-flap-leaf03-spine00-pair (lab run M, 2026-12-01, C4P applying its plans): only
+    leaf02 <-> leaf03 connections crossed spine00, both ways, and the 1 s outages stalled none
+    long enough for a stall message: the two cables tied (0.50) and nothing was named for the
+    whole flap. Which end dropped duplicates tells each connection's way: the leaf02 -> leaf03
+    senders (their data lost), the leaf03 -> leaf02 receivers (their acks lost), so everything
+    lost entered leaf03 by leaf03-spine00; phase after phase, with clean reports between: an
+    outage, not loss."""
+    seen = outage_findings(PAIR_FLAP, tmp_path, monkeypatch)
+    assert seen and {f.suspects[0].id for _, f in seen} == {"leaf03-spine00"}, \
+        [(round(t, 1), f.suspects[:2]) for t, f in seen]
+    assert min(t for t, _ in seen) <= 30.0
+    f = seen[0][1]
+    assert f.evidence["direction"] == "towards leaf03"
+    assert f.evidence["blackhole"]["tied"] == ["leaf02-spine00", "leaf03-spine00"]
+    # the leaf03 -> leaf02 connections' receivers dropped the duplicates: their acks' way
+    assert f.evidence["acks_lost"] == ["node006->node005", "node007->node004"]
+    assert f.evidence["aliases"] == []  # named, the link is no alias of itself
+
+
+LOSS_UP = "20-loss-up-leaf00-spine01"
+
+
+def test_loss_up_a_leafs_uplink_moves_no_flow_onto_its_acks_way(tmp_path: Path) -> None:
+    """20-loss-up-leaf00-spine01 (lab run O, 2026-12-02, C4P applying its plans): 2 % loss
+    one way, up leaf00's cable to spine01. Needless resends make receivers drop duplicates
+    under loss too: a draft that let those verdicts move bad flows onto their acks' way for
+    every vote named the host pair node000<->node006 at 0.96 (a flow's data and acks share
+    only their two hosts). Duplicates decide only the blackhole's way, after an outage's
+    phases, so nothing but the lossy link may be named here. (Replayed without the live run's
+    measuring probes C4D names nothing; live, with them, it named the link in 24 s.)"""
+    rec, truth = unpack(LOSS_UP, tmp_path)
+    named = [i["suspects"][0]["id"] for i in run(rec, truth) if i["localised"]]
+    assert set(named) <= {"leaf00-spine01"}, named
