@@ -13,8 +13,9 @@ class PlanningConfig:
         False, "push plans to the agents without `c4 plan apply` (re-plans after link "
         "incidents, and periodic plans whose gain beats the demands' noise plus `min_gain`)")
     replan_on_incident: bool = field(
-        True, "re-plan when a C4D incident names a fabric link or NIC (down: never used; slow "
-        "or lossy: capacity scaled by `suspect_factor`), moving only what the change needs")
+        True, "re-plan when a C4D incident names a fabric link or NIC, once localised (down: "
+        "never used; slow or lossy: capacity scaled by `suspect_factor`), moving only what the "
+        "change needs")
     interval_s: float = field(30.0, "seconds between periodic proposals")
     settle_s: float = field(
         30.0, "after a plan is applied, for this long only a link going down re-plans and "
@@ -33,7 +34,8 @@ class PlanningConfig:
         0.5, "capacity kept by a link an open slow/lossy incident names (0..1): load leaves it "
         "first")
     suspect_confidence: float = field(
-        0.5, "an incident's top suspect counts as link health only at this confidence or more")
+        0.5, "a localised incident's top suspect counts as link health only at this confidence "
+        "or more")
     probe_ports: int = field(
         16, "source ports traced per (source NIC, destination NIC, protocol): enough to find "
         "most equal-cost paths (16 ports find each of 8 paths with probability 0.88)")

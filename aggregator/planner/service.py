@@ -407,12 +407,16 @@ class Planner:
         return changed
 
     def _localised(self, inc: dict[str, Any]) -> bool:
-        """Whether C4D named one link or NIC: the top suspect is one, at
-        `suspect_confidence` or more, and no other component explains the evidence as well.
-        A path finding (its connections cross several candidates alike: a `path` suspect
-        first, or candidates tied) says nothing about a link until probes single one out."""
+        """Whether C4D named one link or NIC: the incident is localised (its top held for
+        `localise_persist` ticks), the top suspect is a link or NIC at `suspect_confidence`
+        or more, and no other component explains the evidence as well. A path finding (its
+        connections cross several candidates alike: a `path` suspect first, or candidates
+        tied) says nothing about a link until probes single one out. Not before C4D localises:
+        moving the connections off a link whose finding has not yet held takes away the
+        evidence that would confirm it (lab run O: re-planned on a flap's first tick, the
+        reconnects' timeouts turned C4D's top elsewhere; a replay named nothing)."""
         sus = inc.get("suspects") or []
-        if not sus or sus[0].get("kind") not in ("link", "nic"):
+        if inc.get("localised") is None or not sus or sus[0].get("kind") not in ("link", "nic"):
             return False
         conf = sus[0].get("confidence", 0.0)
         return conf >= self.cfg.suspect_confidence and not any(

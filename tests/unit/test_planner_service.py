@@ -209,7 +209,7 @@ def test_a_link_incident_replans_off_the_link_and_auto_applies():
                         t.ecmp_path("node000/mlx5_0", "node002/mlx5_0", "tcp", sp, 29500), 1.0)
     p.tick(1.0)
     p.take_outbox()
-    incidents.append({"id": 7, "class": "hw_link_flap", "state": "open",
+    incidents.append({"id": 7, "class": "hw_link_flap", "state": "open", "localised": 1.0,
                       "suspects": [{"kind": "link", "id": "leaf000-spine00",
                                     "confidence": 0.9}]})
     p.tick(2.0)
@@ -239,7 +239,7 @@ def test_a_link_incident_replans_with_the_garbage_collector_paused(monkeypatch):
     build = p.model.build
     monkeypatch.setattr(p.model, "build", lambda *a, **k: seen.append(gc.isenabled()) or
                         build(*a, **k))
-    incidents.append({"id": 7, "class": "hw_link_flap", "state": "open",
+    incidents.append({"id": 7, "class": "hw_link_flap", "state": "open", "localised": 1.0,
                       "suspects": [{"kind": "link", "id": "leaf000-spine00",
                                     "confidence": 0.9}]})
     p.tick(2.0)
@@ -257,7 +257,7 @@ def test_the_stall_of_an_applied_plan_does_not_trigger_the_next_one():
     p.tick(1.0)
     [first] = [b for _, k, b in p.take_outbox() if k == "plan"]
     [moved] = first["assignments"]
-    slow = {"id": 8, "class": "comm_slow", "state": "open",
+    slow = {"id": 8, "class": "comm_slow", "state": "open", "localised": 1.0,
             "suspects": [{"kind": "link", "id": "leaf000-spine01", "confidence": 0.9}]}
     incidents.append(slow)
     for now in (2.0, 11.0, 21.0):  # the stall's incident and periodic plans: nothing applied

@@ -110,7 +110,7 @@ def _health_after(incident: dict) -> tuple[set[str], dict[str, str], int]:
     return p.health.down, p.health.suspect, p.stats["replans"]
 
 
-SLOW = {"id": 9, "class": "comm_slow", "state": "open"}
+SLOW = {"id": 9, "class": "comm_slow", "state": "open", "localised": 1.0}
 
 
 def test_only_a_link_c4d_localised_changes_link_health_and_replans():
@@ -130,6 +130,16 @@ def test_only_a_link_c4d_localised_changes_link_health_and_replans():
     assert _health_after({**SLOW, "suspects": path[1:]}) == (set(), {}, 0)
     host = [{"kind": "host", "id": "node002", "confidence": 0.9}]
     assert _health_after({**SLOW, "suspects": host}) == (set(), {}, 0)
+
+
+def test_a_link_c4d_has_not_localised_yet_changes_nothing():
+    """Lab run O: C4P re-planned on a flap's first finding (top 1.00, not yet held for
+    localise_persist ticks); the reconnects' timeouts turned C4D's top elsewhere before it
+    localised, and a replay of the recording named nothing. C4P waits for C4D's localisation."""
+    named = [{"kind": "link", "id": "leaf000-spine00", "confidence": 1.0}]
+    assert _health_after({**SLOW, "localised": None, "suspects": named}) == (set(), {}, 0)
+    assert _health_after({**SLOW, "suspects": named}) == \
+        (set(), {"leaf000-spine00": "incident 9: comm_slow"}, 1)
 
 
 def test_a_slow_link_replan_is_applied_only_for_a_gain_its_noise_cannot_explain():
