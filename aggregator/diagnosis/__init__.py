@@ -103,7 +103,7 @@ class Diagnosis:
                 elif frame.kind == "hello":
                     self.model.on_hello(frame.host, frame.body)
                 elif frame.kind == "probe_result":
-                    self.measuring.on_result(frame.body, now)
+                    self.measuring.on_result(frame.host, frame.body, now)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 # Ingest validated the frame; a section we do not understand loses only itself.
                 self.errors[f"{frame.kind}:{type(exc).__name__}"] += 1

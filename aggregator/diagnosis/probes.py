@@ -166,6 +166,7 @@ LEG_SPORTS = 32  # ports offered per leg: with S spines, one reaches the wanted 
 # (1 - 1/S)^32 of the time (S = 8: 1.4 %)
 OUTBOX_MAX = 256  # requests not taken by a sender (a replay has none) are dropped, oldest first
 ANSWER_S = 30.0  # a request unanswered this long is forgotten
+MEASURE_ID = "measure-"  # how a measuring request's probe_id begins (C4P's traces differ)
 
 
 class AgentMeasurer:
@@ -187,7 +188,7 @@ class AgentMeasurer:
         if src is None or dst is None or (leg.ttl >= 2 and not via):
             return False  # without the spine's addresses a port on another spine would do
         self.seq += 1
-        pid = f"measure-{int(now * 1000)}-{self.seq}"
+        pid = f"{MEASURE_ID}{int(now * 1000)}-{self.seq}"
         lo, hi = ROCE_SPORTS
         step = (hi - lo) // LEG_SPORTS
         base = lo + (self.seq * 7919) % step  # a different port set every round
@@ -207,11 +208,7 @@ class AgentMeasurer:
         if got is None:
             return  # C4P's trace, or an answer given up on
         for r in body["results"]:
-            rtt = r.get("rtt_us") or []
-            self.done.append((got[1], LegResult(
-                r.get("sent", 0), r.get("answered", 0),
-                rtt[0] / 1000 if rtt else None, rtt[1] / 1000 if len(rtt) > 1 else None,
-                r.get("error"))))
+            self.done.append((got[1], _leg_result(r)))
 
     def results(self, now: float) -> list[tuple[Leg, LegResult]]:
         out, self.done = self.done, []
@@ -240,6 +237,52 @@ class AgentMeasurer:
         sw = self.topo.switches.get(leg.via)
         out = [link.addrs[leg.via]] if link is not None and leg.via in link.addrs else []
         return list(dict.fromkeys(out + (sw.addrs if sw else [])))[:16]
+
+
+class RecordedMeasurer:
+    """Answers C4D's measuring probes in a replay of a lab recording from the recording's own
+    measurements: an ask is answered by the next recorded `probe_result` of the same leg (its
+    source host, its TTL and the switch address that answered) within ANSWER_S. The live run
+    asked at its own times, so a leg it never measured stays unanswered; without this a
+    replay scores a fault the live C4D named by measuring as missed (lab run O: loss named
+    live by the probes 3 of 4 times, replayed 1 of 4)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.addrs = AgentMeasurer(topology)  # the switch addresses a leg's answer comes from
+        self.asked: dict[Leg, float] = {}
+        self.done: list[tuple[Leg, LegResult]] = []
+
+    def measure(self, leg: Leg, count: int, now: float) -> bool:
+        if leg.ttl >= 2 and not self.addrs._via(leg):
+            return False
+        self.asked.setdefault(leg, now)
+        return True
+
+    def on_result(self, host: str, body: dict[str, Any], now: float) -> None:
+        """A recorded `probe_result` as the replay reaches it (its frame's host)."""
+        if not str(body.get("probe_id", "")).startswith(MEASURE_ID):
+            return
+        for old in [lg for lg, t in self.asked.items() if now - t > ANSWER_S]:
+            del self.asked[old]
+        for r in body.get("results") or ():
+            hops = r.get("hops") or []
+            leg = next((lg for lg in self.asked if hops and lg.src.partition("/")[0] == host
+                        and lg.ttl == len(hops) and hops[-1] in self.addrs._via(lg)), None)
+            if leg is not None:
+                del self.asked[leg]
+                self.done.append((leg, _leg_result(r)))
+
+    def results(self, now: float) -> list[tuple[Leg, LegResult]]:
+        out, self.done = self.done, []
+        return out
+
+
+def _leg_result(r: dict[str, Any]) -> LegResult:
+    """A `probe_result.results` entry of a measured leg."""
+    rtt = r.get("rtt_us") or []
+    return LegResult(r.get("sent", 0), r.get("answered", 0),
+                     rtt[0] / 1000 if rtt else None, rtt[1] / 1000 if len(rtt) > 1 else None,
+                     r.get("error"))
 
 
 def leg_links(topo: Topology, leg: Leg) -> frozenset[str]:
@@ -312,10 +355,12 @@ class Measuring:
         self.unasked = 0  # candidate rounds not measured: no routed host under the leaf
         self._unasked_at: dict[str, float] = {}  # candidate cable -> when last counted
 
-    def on_result(self, body: dict[str, Any], now: float) -> None:
+    def on_result(self, host: str, body: dict[str, Any], now: float) -> None:
         """An agent's `probe_result`: a measured leg, or C4P's trace (not ours)."""
         if isinstance(self.measurer, AgentMeasurer):
             self.measurer.on_result(body, now)
+        elif isinstance(self.measurer, RecordedMeasurer):
+            self.measurer.on_result(host, body, now)
 
     def take_outbox(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(host, kind, body) frames for the agents."""
