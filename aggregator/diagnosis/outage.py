@@ -526,10 +526,10 @@ class OutageDetector:
         data cleanly in more reports than it retransmitted in between its first retransmitting
         report and its last, and their senders' ACK timeouts fall in MIN_BEATS phases or more
         (PHASE_GAP_S apart), each timing out MIN_HOSTS of them at once. A lossy link makes
-        its flows retransmit report after report (lab run M, 5 % both ways: 6 to 9 reports in
-        a row, none clean between); a flapping one stops them all together, phase after
-        phase, and passes their data cleanly between (run M's flaps: 4 to 7 retransmitting
-        reports, 15 or more clean between)."""
+        its flows retransmit report after report; a flapping one stops them all together,
+        phase after phase, and passes their data cleanly between (fixtures 19, a flap: an
+        outage once its phases accumulate; 20, 2 % loss one way: never; tests/unit/
+        test_diag_outage_tie.py)."""
         flows = [k for k in keys if k[0] == "flow"]
         for k in flows:
             fc = self.flows.get(k[1:])

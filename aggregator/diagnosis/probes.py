@@ -33,7 +33,6 @@ from .findings import Finding, Suspect, renamed
 from .localise import directed
 from .model import LEARNED_REFRESH_S, Cell, Comm, Model
 
-
 RETRY_S = 60.0  # a NIC pair is asked about again at most this often
 PER_TICK = 8  # new requests per evaluation
 
@@ -184,7 +183,7 @@ class AgentMeasurer:
     def measure(self, leg: Leg, count: int, now: float) -> bool:
         host, _, dev = leg.src.partition("/")
         src, dst = self._addr(leg.src), self._addr(leg.dst)
-        via = self._via(leg)
+        via = answer_addrs(self.topo, leg)
         if src is None or dst is None or (leg.ttl >= 2 and not via):
             return False  # without the spine's addresses a port on another spine would do
         self.seq += 1
@@ -203,7 +202,7 @@ class AgentMeasurer:
             del self.pending[old]
         return True
 
-    def on_result(self, body: dict[str, Any], now: float) -> None:
+    def on_result(self, host: str, body: dict[str, Any], now: float) -> None:
         got = self.pending.pop(body.get("probe_id", ""), None)
         if got is None:
             return  # C4P's trace, or an answer given up on
@@ -225,18 +224,18 @@ class AgentMeasurer:
         nic = h.nic(dev) if h else None
         return nic.addr if nic else None
 
-    def _via(self, leg: Leg) -> list[str]:
-        """Addresses the switch may answer from: its interface on the leg's link (routers
-        answer from the inbound interface), then its loopbacks."""
-        host, _, dev = leg.src.partition("/")
-        nic = self.topo.hosts[host].nic(dev) if host in self.topo.hosts else None
-        if nic is None:
-            return []
-        link = self.topo.links.get(fabric_link_id(nic.leaf, leg.via) if leg.ttl >= 2 else
-                                   access_link_id(host, nic.name, nic.leaf))
-        sw = self.topo.switches.get(leg.via)
-        out = [link.addrs[leg.via]] if link is not None and leg.via in link.addrs else []
-        return list(dict.fromkeys(out + (sw.addrs if sw else [])))[:16]
+def answer_addrs(topo: Topology, leg: Leg) -> list[str]:
+    """Addresses the leg's switch may answer from: its interface on the leg's link (routers
+    answer from the inbound interface), then its loopbacks."""
+    host, _, dev = leg.src.partition("/")
+    nic = topo.hosts[host].nic(dev) if host in topo.hosts else None
+    if nic is None:
+        return []
+    link = topo.links.get(fabric_link_id(nic.leaf, leg.via) if leg.ttl >= 2 else
+                          access_link_id(host, nic.name, nic.leaf))
+    sw = topo.switches.get(leg.via)
+    out = [link.addrs[leg.via]] if link is not None and leg.via in link.addrs else []
+    return list(dict.fromkeys(out + (sw.addrs if sw else [])))[:16]
 
 
 class RecordedMeasurer:
@@ -248,12 +247,12 @@ class RecordedMeasurer:
     live by the probes 3 of 4 times, replayed 1 of 4)."""
 
     def __init__(self, topology: Topology) -> None:
-        self.addrs = AgentMeasurer(topology)  # the switch addresses a leg's answer comes from
+        self.topo = topology
         self.asked: dict[Leg, float] = {}
         self.done: list[tuple[Leg, LegResult]] = []
 
     def measure(self, leg: Leg, count: int, now: float) -> bool:
-        if leg.ttl >= 2 and not self.addrs._via(leg):
+        if leg.ttl >= 2 and not answer_addrs(self.topo, leg):
             return False
         self.asked.setdefault(leg, now)
         return True
@@ -267,7 +266,7 @@ class RecordedMeasurer:
         for r in body.get("results") or ():
             hops = r.get("hops") or []
             leg = next((lg for lg in self.asked if hops and lg.src.partition("/")[0] == host
-                        and lg.ttl == len(hops) and hops[-1] in self.addrs._via(lg)), None)
+                        and lg.ttl == len(hops) and hops[-1] in answer_addrs(self.topo, lg)), None)
             if leg is not None:
                 del self.asked[leg]
                 self.done.append((leg, _leg_result(r)))
@@ -357,9 +356,7 @@ class Measuring:
 
     def on_result(self, host: str, body: dict[str, Any], now: float) -> None:
         """An agent's `probe_result`: a measured leg, or C4P's trace (not ours)."""
-        if isinstance(self.measurer, AgentMeasurer):
-            self.measurer.on_result(body, now)
-        elif isinstance(self.measurer, RecordedMeasurer):
+        if isinstance(self.measurer, (AgentMeasurer, RecordedMeasurer)):
             self.measurer.on_result(host, body, now)
 
     def take_outbox(self) -> list[tuple[str, str, dict[str, Any]]]:

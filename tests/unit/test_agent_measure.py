@@ -81,11 +81,11 @@ def test_aggregator_request_round_trip():
     assert probe["measure"] == {"count": 30, "ttl": 2, "via": ["127.0.0.1"]}
     assert len(set(probe["sports"])) == 32 and min(probe["sports"]) >= 0xC000
     out = validate_body("probe_result", run_probe(Prober(rate=2000.0, burst=50.0), body))
-    m.on_result(out, 101.0)
+    m.on_result(host, out, 101.0)
     [(got, res)] = m.results(101.0)
     assert got == leg and (res.sent, res.answered, res.error) == (30, 30, None)
     assert res.rtt_p90_ms is not None and res.rtt_p90_ms > 0
-    m.on_result(out, 102.0)  # answered once: a repeat is no second round
+    m.on_result(host, out, 102.0)  # answered once: a repeat is no second round
     assert m.results(102.0) == []
 
 

@@ -244,3 +244,31 @@ def test_loss_up_a_leafs_uplink_moves_no_flow_onto_its_acks_way(tmp_path: Path) 
     rec, truth = unpack(LOSS_UP, tmp_path)
     named = [i["suspects"][0]["id"] for i in run(rec, truth) if i["localised"]]
     assert set(named) <= {"leaf00-spine01"}, named
+
+
+def phased_verdicts(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every verdict of the outage detector's `_phased` in a replay of a lab fixture."""
+    got: list[bool] = []
+    phased = OutageDetector._phased
+
+    def seen(self: OutageDetector, *a: Any) -> bool:
+        got.append(phased(self, *a))
+        return got[-1]
+
+    monkeypatch.setattr(OutageDetector, "_phased", seen)
+    tmp_path.mkdir()
+    run(*unpack(name, tmp_path))
+    return got
+
+
+def test_a_flaps_phases_are_an_outage_and_steady_loss_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What lets the blackhole tie-break act without a stall message: a flap's flows lose
+    traffic in phases with clean reports between (19: an outage once its phases accumulate),
+    a lossy link's report after report (20, 2 % one way up: never, although the tie-break
+    asks on every evaluation of its tie; it would name the far end's cable, the way the
+    connections' lost traffic enters a leaf)."""
+    flap = phased_verdicts(PAIR_FLAP, tmp_path / "flap", monkeypatch)
+    assert flap and any(flap), flap
+    loss = phased_verdicts(LOSS_UP, tmp_path / "loss", monkeypatch)
+    assert loss and not any(loss), loss
