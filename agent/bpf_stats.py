@@ -22,6 +22,7 @@ BPF_ENABLE_STATS = 32
 BPF_STATS_RUN_TIME = 0
 _INFO_SIZE = 232
 _OFF_TYPE, _OFF_ID, _OFF_TAG, _OFF_NAME, _OFF_RUN_TIME, _OFF_RUN_CNT = 0, 4, 8, 64, 192, 200
+_OFF_MISSES = 208
 _SYS_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351}
 # enum bpf_prog_type, the ones an observability agent loads
 PROG_TYPES = {1: "socket_filter", 2: "kprobe", 5: "tracepoint", 7: "perf_event",
@@ -38,6 +39,10 @@ class ProgStats:
     type: str
     run_count: int
     run_time_ns: int
+    # runs the kernel skipped, counted whether statistics are on or not: a tracepoint or
+    # kprobe program does not run while another one runs on the same CPU (a softirq's
+    # kfree_skb interrupting a tcp_probe, say), so what it counts is a lower bound
+    missed: int = 0
 
 
 def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
@@ -72,7 +77,8 @@ def prog_info(fd: int) -> ProgStats:
     return ProgStats(id=u(_OFF_ID, 4), name=raw[_OFF_NAME:_OFF_NAME + 16].split(b"\0")[0].decode(
                          "ascii", "replace"),
                      tag=raw[_OFF_TAG:_OFF_TAG + 8].hex(), type=PROG_TYPES.get(ptype, str(ptype)),
-                     run_count=u(_OFF_RUN_CNT, 8), run_time_ns=u(_OFF_RUN_TIME, 8))
+                     run_count=u(_OFF_RUN_CNT, 8), run_time_ns=u(_OFF_RUN_TIME, 8),
+                     missed=u(_OFF_MISSES, 8))
 
 
 def own_programs(fd_dir: Path = Path("/proc/self/fd")) -> list[ProgStats]:

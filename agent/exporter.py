@@ -110,13 +110,19 @@ class AgentMetrics:
         secs = CounterMetricFamily("c4_agent_bpf_program_run_time_seconds",
                                    "Time spent in the program (while statistics are on)",
                                    labels=["id", "program"])
+        missed = CounterMetricFamily("c4_agent_bpf_program_missed",
+                                     "Runs the kernel skipped: another BPF program was running "
+                                     "on the same CPU (what the program counts is a lower bound)",
+                                     labels=["id", "program"])
         for p in progs:
             info.add_metric([str(p.id), p.name, p.tag, p.type], 1)
             runs.add_metric([str(p.id), p.name], p.run_count)
             secs.add_metric([str(p.id), p.name], p.run_time_ns / 1e9)
+            missed.add_metric([str(p.id), p.name], p.missed)
         yield info
         yield runs
         yield secs
+        yield missed
 
 
 def infiniband_metrics(section: dict[str, Any] | None,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from c4.core.wire.sections.tcp_flows import MAX_FLOWS_PER_REPORT, MAX_OWNERS, PROC_STATES
 
-from .. import bpf
+from .. import bpf, bpf_stats
 from ..jobs import JobResolver, stat_fields
 from .base import Collector, CollectorUnavailable, Context, Event, OptionError, Sample
 from .options import check_keys, get_int
@@ -538,6 +538,7 @@ class Snapshot:
     drop_slots: dict[int, int]           # drop reason slot -> sum over CPUs
     events: list[bytes]                  # struct event records
     perf_lost: int = 0                   # perf buffer losses reported to user space
+    missed: int = 0                      # program runs the kernel skipped (bpf_stats)
 
 
 class Reporter:
@@ -568,6 +569,7 @@ class Reporter:
                             if v != self._drops.get(k, 0)},
             "closed_lost": snap.stats.get(STATS.index("closed_full"), 0),
             "events_lost": snap.stats.get(STATS.index("events_lost"), 0) + snap.perf_lost,
+            "runs_missed": snap.missed,
             "features": list(self.feats.names),
         }
         self._drops = drops
@@ -798,9 +800,18 @@ class TcpFlowsCollector(Collector):
             closed=maps["closed"].read(delete=True),
             stats=percpu_sums(maps["stats"]),
             drop_slots=percpu_sums(maps["drops_by_reason"]),
-            events=self._events, perf_lost=self._lost_perf)
+            events=self._events, perf_lost=self._lost_perf, missed=self._missed())
         self._events = []
         return snap
+
+    def _missed(self) -> int:
+        total = 0
+        for fn in self._bpf.funcs.values():
+            try:
+                total += bpf_stats.prog_info(fn.fd).missed
+            except OSError:  # the syscall refused: counted as none, the counts stay bounds
+                pass
+        return total
 
     def stats(self) -> dict[str, int]:
         """The program's own counters (tracepoint hits, map full), for bench/."""

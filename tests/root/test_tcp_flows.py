@@ -157,15 +157,26 @@ def test_lossy_transfer_matches_kernel_counters(pair: Pair, collector_factory: A
         assert last_rx["pid"] == rx_pid and last_rx["netns"] == pair.netns_inode(pair.b)
 
     # nftables drops show up under their kernel reason; nft's count is read before a last
-    # report, as a retransmitted FIN may still be dropped after the transfer (a CI run)
+    # report, as a retransmitted FIN may still be dropped after the transfer (a CI run). A
+    # drop in a softirq that interrupts another of the programs on its CPU is not seen (the
+    # kernel skips the nested run): a CI run counted 384 of nft's 385, the skip uncounted
     nft = nft_dropped(pair)
     samples.append(c.collect(time.time()))
     dropped = sum(s.section["drops_delta"].get("NETFILTER_DROP", 0) for s in samples)
-    assert dropped >= nft > 0
+    missed = samples[-1].section["runs_missed"]
+    assert dropped + missed >= nft > 0, (dropped, missed, nft)
+    assert dropped >= 0.95 * nft
     # the loss makes bursts of >= 5 retransmits within an interval
     bursts = [e for s in samples for e in s.events if e.type == "tcp_retrans_burst"
               and e.attrs["sport"] == last_tx["sport"] and e.attrs["dport"] == port]
     assert bursts and all(e.attrs["retrans"] == 5 for e in bursts)
+
+
+def assert_rto(counted: int, kernel: int, missed: int) -> None:
+    """The flow's `rto` is the kernel's TCPTimeouts, less any timeout whose tracepoint run
+    the kernel skipped (1 of 11 local runs: the timer's softirq interrupted another of the
+    collector's programs on its CPU; `runs_missed` counts such skips)."""
+    assert kernel - missed <= counted <= kernel, (counted, kernel, missed)
 
 
 BLACKHOLE_S = 1.5  # retransmission timeouts at ~0.2, ~0.6 and ~1.4 s (200 ms minimum, doubling)
@@ -192,8 +203,8 @@ def test_a_blackholed_transfer_counts_the_kernels_retransmission_timeouts(
     sender = rows(samples, saddr=pair.addr_a, daddr=pair.addr_b, dport=port)
     receiver = rows(samples, saddr=pair.addr_b, daddr=pair.addr_a, sport=port)
     assert timeouts >= 2, "the blackhole must outlast two timeouts"
-    assert sender[-1][1]["rto"] == timeouts
-    assert sum(f.get("rto_delta", 0) for _, f in sender) == timeouts
+    assert_rto(sender[-1][1]["rto"], timeouts, samples[-1].section["runs_missed"])
+    assert sum(f.get("rto_delta", 0) for _, f in sender) == sender[-1][1]["rto"]
     assert not any("rto" in f for _, f in receiver)
     assert sender[-1][1]["bytes_acked"] >= n  # and the transfer completed afterwards
 
@@ -221,7 +232,7 @@ def test_a_transfer_whose_acks_are_blackholed_times_out_on_data_that_arrived(
     sender = rows(samples, saddr=pair.addr_a, daddr=pair.addr_b, dport=port)
     receiver = dict(rows(samples, saddr=pair.addr_b, daddr=pair.addr_a, sport=port))
     assert timeouts >= 2, "the blackhole must outlast two timeouts"
-    assert sender[-1][1]["rto"] == timeouts
+    assert_rto(sender[-1][1]["rto"], timeouts, samples[-1].section["runs_missed"])
     if "sock_length" in features:
         # when the sender first timed out, the receiver had read more than it had seen acked
         i, f = next((i, f) for i, f in sender if f.get("rto_delta"))

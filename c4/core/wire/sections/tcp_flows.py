@@ -144,6 +144,7 @@ SECTION = Record(
         "unattributed": U32,
         "closed_lost": COUNTER,
         "events_lost": COUNTER,
+        "runs_missed": COUNTER,
         "events_suppressed": U32,
         "features": List(Str(32, r"[a-z0-9_]+"), 32),
         "owners": List(OWNER, MAX_OWNERS),
@@ -173,6 +174,10 @@ SECTION = Record(
                         "is not known yet",
         "closed_lost": "closed flows lost because the closed-flow map was full",
         "events_lost": "events the kernel could not queue (ring/perf buffer full)",
+        "runs_missed": "runs of the collector's eBPF programs the kernel skipped because "
+                       "another BPF program was running on the same CPU (a softirq "
+                       "interrupting one), since the agent started: `drops`, retransmits and "
+                       "state changes are lower bounds by up to this many",
         "events_suppressed": "events over `max_events` this interval, counted and not sent",
         "features": "optional kernel features in use, e.g. `ringbuf`, `rx_sk`, "
                     "`sock_length`, `send_reset`, `receive_reset`",
