@@ -112,6 +112,7 @@ class Measurement:
     answered: int = 0
     rtts: list[float] = field(default_factory=list)  # seconds, of the answered ones
     error: str | None = None
+    elsewhere: int = 0  # ports tried whose hop at the TTL answered, not from `via`
 
     def entry(self, probe_id: str, ttl: int) -> dict[str, Any]:
         """One `probe_result.results` entry: the hop at `ttl`, the counts, RTT percentiles."""
@@ -124,6 +125,8 @@ class Measurement:
                              for q in (0.5, 0.9, 0.99)]
         if self.error:
             out["error"] = self.error[:512]
+        if self.elsewhere:
+            out["elsewhere"] = self.elsewhere
         return out
 
 
@@ -356,6 +359,7 @@ class Prober:
                     s.setsockopt(level, opt, ttl)
                     first = self._ping(s, dst, dport, 0, answer_timeout)
                     if first is None or (via and first[0] not in via):
+                        m.elsewhere += first is not None
                         continue  # another path, or silence: the next port
                     m.hop = first[0]
                     for seq in range(1, count + 1):

@@ -292,7 +292,8 @@ class OutageDetector:
                 del self.named[other]
             elif other != key and bad <= theirs:
                 return False
-        self.named[key] = (bad | self.named.get(key, (frozenset(), now))[0], now)
+        if f.suspects[0].confidence >= self.cfg.localise_confidence:  # a tie names nothing
+            self.named[key] = (bad | self.named.get(key, (frozenset(), now))[0], now)
         return True
 
     def _judge(self, now: float) -> list[Named]:
@@ -405,7 +406,8 @@ class OutageDetector:
         # else by flows that kept moving data through one end at the timeouts
         return self._blackhole(ranked, link.id, bad, host, covers, beats, now) or (
             [self._finding(top, covers, host, beats)]
-            if sure and through and _per_connection(top, host, covers, through) else [])
+            if sure and through and _per_connection(top, host, covers, through) else
+            self._tie(ranked, top, host, covers, beats, now))
 
     def _lone(self, bad: set[Hashable], covers: dict[Hashable, list[Conn]],
               cells: dict[Hashable, list[localise.Component]], host: dict[Hashable, str],
@@ -502,6 +504,46 @@ class OutageDetector:
                       f"data, or their acks where the receiver had the data) enters {leaf} "
                       f"by it, tied with {', '.join(c for c in sorted(tied) if c != best)}: "
                       "a blackhole drops what other leaves send towards the failed link's leaf")
+        return [(f, bad_of)]
+
+    def _tie(self, ranked: list[localise.Hypothesis], top: localise.Hypothesis,
+             host: dict[Hashable, str], covers: dict[Hashable, list[Conn]],
+             beats: dict[str, int], now: float) -> list[Named]:
+        """An outage whose connections all cross the same fabric cables, which nothing here
+        separated while it lasted: named, once it is over (no ACK timeout for PAIR_S), as a
+        path finding whose candidates are those cables (not localised), for probes.py to
+        measure. A down cable that only one other leaf's connections reach its leaf through
+        (what a C4P plan left in two CI runs: leaf03 -> leaf00 alone through spine00) ties
+        its two ends, and opened nothing: its leaf no longer forwarding to the spine is what
+        the measuring legs then see. Not sooner: while the timeouts go on, the blackhole's
+        way may still name one (lab run M's down of leaf02-spine00, at 3.9 s), and an
+        unlocalised incident opened before it would be the ring's hang's to take over."""
+        keys = [k for k in top.bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
+        last = max((t for q in self.beats.values() for t, _ in q), default=now)
+        if now - last < PAIR_S:
+            return []
+        if not any(k[0] == "conn" for k in keys) and \
+                len({host[k] for k in keys if k[0] == "flow"}) < MIN_HOSTS:
+            return []
+        crossed = [_fabric(covers[k]) for k in keys]
+        common = set.intersection(*({localise.link_name(c)[0] for c in d} for d in crossed))
+        mass = _cable_mass(ranked)
+        tied = sorted(common, key=lambda c: (-mass.get(c, 0.0), c))
+        if len(tied) < 2 or localise.link_name(top.id)[0] not in common or \
+                sum(mass.get(c, 0.0) for c in tied) < self.cfg.localise_confidence:
+            return []
+        f, bad_of = self._finding(top, covers, host, beats)
+        ways = set.intersection(*crossed)
+        # no more than an even share each: the sum over a cable's directions names one only
+        # with the blackhole's way (the split is the brake elsewhere, _cable_mass)
+        even = sum(mass.get(c, 0.0) for c in tied) / len(tied)
+        f.suspects = [Suspect("link", c, None, None, min(mass.get(c, 0.0), even))
+                      for c in tied][:4]
+        f.evidence["candidate_links"] = {
+            c: (f"towards {to.pop()}" if len(to) == 1 else "both") for c in tied
+            for to in [{d.partition("=>")[2] for d in ways if localise.link_name(d)[0] == c}]}
+        f.summary = renamed(f.summary, f.suspects[0], self.cfg.localise_confidence)
+        f.summary += f"; every connection crosses {' and '.join(tied)}"
         return [(f, bad_of)]
 
     def _lost_way(self, k: Hashable, conns: list[Conn], now: float) -> list[Conn]:

@@ -147,6 +147,7 @@ class LegResult:
     rtt_p50_ms: float | None = None
     rtt_p90_ms: float | None = None
     error: str | None = None
+    elsewhere: int = 0  # ports whose hop answered from another switch than `via`
 
 
 class Measurer(Protocol):
@@ -163,6 +164,9 @@ class Measurer(Protocol):
 ROCE_SPORTS = (0xC000, 0xFFFF)  # the source ports a leg's 5-tuple is picked from
 LEG_SPORTS = 32  # ports offered per leg: with S spines, one reaches the wanted one but for
 # (1 - 1/S)^32 of the time (S = 8: 1.4 %)
+# ports of a leg's round that must have answered, every one from another switch, for the round
+# to say its leaf no longer forwards to `via` (silence says nothing: an ICMP policer)
+UNREACHED_PORTS = LEG_SPORTS // 2
 OUTBOX_MAX = 256  # requests not taken by a sender (a replay has none) are dropped, oldest first
 ANSWER_S = 30.0  # a request unanswered this long is forgotten
 MEASURE_ID = "measure-"  # how a measuring request's probe_id begins (C4P's traces differ)
@@ -242,7 +246,8 @@ class RecordedMeasurer:
     """Answers C4D's measuring probes in a replay of a lab recording from the recording's own
     measurements: an ask is answered by the next recorded `probe_result` of the same leg (its
     source host, its TTL and the switch address that answered) within ANSWER_S. The live run
-    asked at its own times, so a leg it never measured stays unanswered; without this a
+    asked at its own times, so a leg it never measured stays unanswered (a round that reached
+    no port to the leg's switch, by its source host and TTL alone); without this a
     replay scores a fault the live C4D named by measuring as missed (lab run O: loss named
     live by the probes 3 of 4 times, replayed 1 of 4)."""
 
@@ -265,8 +270,11 @@ class RecordedMeasurer:
             del self.asked[old]
         for r in body.get("results") or ():
             hops = r.get("hops") or []
+            # a round that reached no port to the switch has no answering address of it
+            gone = r.get("elsewhere", 0) and not r.get("sent")
             leg = next((lg for lg in self.asked if hops and lg.src.partition("/")[0] == host
-                        and lg.ttl == len(hops) and hops[-1] in answer_addrs(self.topo, lg)), None)
+                        and lg.ttl == len(hops) and
+                        (gone or hops[-1] in answer_addrs(self.topo, lg))), None)
             if leg is not None:
                 del self.asked[leg]
                 self.done.append((leg, _leg_result(r)))
@@ -281,7 +289,7 @@ def _leg_result(r: dict[str, Any]) -> LegResult:
     rtt = r.get("rtt_us") or []
     return LegResult(r.get("sent", 0), r.get("answered", 0),
                      rtt[0] / 1000 if rtt else None, rtt[1] / 1000 if len(rtt) > 1 else None,
-                     r.get("error"))
+                     r.get("error"), r.get("elsewhere", 0))
 
 
 def leg_links(topo: Topology, leg: Leg) -> frozenset[str]:
@@ -320,6 +328,8 @@ class _Rounds:
     pending: bool = False
     n: int = 0  # rounds asked
     rounds: deque[tuple[float, LegResult]] = field(default_factory=deque)
+    # rounds whose ports all answered from other switches (True) or reached `via` (False)
+    reach: deque[tuple[float, bool]] = field(default_factory=deque)
 
 
 def _poisson_sf(k: int, lam: float) -> float:
@@ -372,6 +382,9 @@ class Measuring:
                 st.pending = False
                 if not res.error and res.sent:
                     st.rounds.append((now, res))
+                    st.reach.append((now, False))
+                elif res.sent == 0 and res.elsewhere >= UNREACHED_PORTS:
+                    st.reach.append((now, True))
         for leg in [k for k, st in self.legs.items() if now - st.asked > WINDOW_S]:
             del self.legs[leg]
         for cable in [c for c, t in self._unasked_at.items() if now - t > WINDOW_S]:
@@ -379,6 +392,8 @@ class Measuring:
         for st in self.legs.values():
             while st.rounds and now - st.rounds[0][0] > WINDOW_S:
                 st.rounds.popleft()
+            while st.reach and now - st.reach[0][0] > WINDOW_S:
+                st.reach.popleft()
 
     def resolve(self, f: Finding, now: float) -> Finding:
         """Measure a path finding's candidates; when the legs single one out, the finding
@@ -412,7 +427,7 @@ class Measuring:
         share = min(0.99, top.confidence * len(cands))
         conf = share * PROBE_ODDS / (share * PROBE_ODDS + 1.0 - share)
         lk = topo.links[cable]
-        dirs = sorted(d.partition("=>")[2] for d in cands[cable])
+        dirs = sorted(d.partition("=>")[2] for d in cands[cable]) if signal != "down" else []
         f.suspects = [Suspect("link", cable, None, None, conf)] + [
             Suspect(s.kind, s.id, s.host, s.rank, s.confidence * (1.0 - conf))
             for s in f.suspects if s.kind != "path" and s.id != cable][:3]
@@ -422,8 +437,14 @@ class Measuring:
         f.evidence["probe"] = {"named": cable, "signal": signal, "legs": [
             self._describe(leg, crossed[leg], cands) for leg in legs]}
         f.summary = renamed(f.summary, f.suspects[0], self.confidence)
-        f.summary += (f"; measured: only the legs crossing {lk.id} ({f.evidence['direction']}) "
-                      f"are {'lossy' if signal == 'loss' else 'slow'}")
+        if signal == "down":
+            leaf, via = (lk.a, lk.b) if topo.switches[lk.a].tier == "leaf" else (lk.b, lk.a)
+            f.summary += (f"; measured: {leaf} no longer forwards to {via} (every port's hop "
+                          f"answered from another switch), the other candidates' leaves do")
+        else:
+            f.summary += (f"; measured: only the legs crossing {lk.id} "
+                          f"({f.evidence['direction']}) are "
+                          f"{'lossy' if signal == 'loss' else 'slow'}")
         return f
 
     def _legs(self, topo: Topology, ends: list[str], cands: dict[str, frozenset[str]],
@@ -433,6 +454,8 @@ class Measuring:
         routes, stopping at its spine (fabric) or leaf (access cable); legs crossing every
         candidate separate nothing."""
         legs: list[Leg] = []
+        leaves = {sw for cable in cands for sw in (topo.links[cable].a, topo.links[cable].b)
+                  if sw in topo.switches and topo.switches[sw].tier == "leaf"}
         for cable in cands:
             lk = topo.links[cable]
             sa, sb = topo.switches.get(lk.a), topo.switches.get(lk.b)
@@ -452,7 +475,7 @@ class Measuring:
                     self.unasked += 1
                 continue
             dst = next((e for e in ends if e.partition("/")[0] != src.partition("/")[0]),
-                       ends[-1] if ends else self._beyond(topo, src))
+                       ends[-1] if ends else self._beyond(topo, src, leaves))
             if dst is None:
                 continue
             leg = Leg(src, self._nic(topo, dst) or dst, ttl, via)
@@ -462,16 +485,20 @@ class Measuring:
         return legs
 
     @staticmethod
-    def _beyond(topo: Topology, src: str) -> str | None:
+    def _beyond(topo: Topology, src: str, avoid: set[str]) -> str | None:
         """A NIC under another leaf than `src`'s: a leg's datagrams must leave the leaf (their
-        hop at the TTL answers; the destination only sets the 5-tuple)."""
+        hop at the TTL answers; the destination only sets the 5-tuple). Under none of the
+        `avoid` leaves (the candidates') where there is one: the routes towards a down
+        cable's far leaf are withdrawn from its spine everywhere, and a leg towards it would
+        find no port to the spine from any leaf."""
         host, _, dev = src.partition("/")
         h = topo.hosts.get(host)
         nic = h.nic(dev) if h else None
         if nic is None:
             return None
-        return next((f"{o.name}/{n.name}" for o in topo.hosts.values() if o.name != host
-                     for n in o.nics if n.leaf != nic.leaf), None)
+        other = [(n.leaf in avoid, f"{o.name}/{n.name}") for o in topo.hosts.values()
+                 if o.name != host for n in o.nics if n.leaf != nic.leaf]
+        return min(other, key=lambda x: x[0], default=(False, None))[1]
 
     @staticmethod
     def _nic(topo: Topology, end: str) -> str | None:
@@ -503,8 +530,10 @@ class Measuring:
 
     def _verdict(self, cands: dict[str, frozenset[str]],
                  crossed: dict[Leg, frozenset[str]]) -> tuple[str, str] | None:
-        """(cable, loss | rtt) when exactly one candidate agrees with every leg that votes."""
-        for signal, states in (("loss", self._loss_states(crossed)),
+        """(cable, down | loss | rtt) when exactly one candidate agrees with every leg that
+        votes."""
+        for signal, states in (("down", self._reach_states(crossed)),
+                               ("loss", self._loss_states(crossed)),
                                ("rtt", self._rtt_states(crossed))):
             if "bad" not in states.values():
                 continue
@@ -550,6 +579,22 @@ class Measuring:
         for leg, (n, s, lo, _) in tally.items():
             clean = n >= MIN_ROUNDS and _poisson_cdf(lo, s * rate) < P_CLEAN
             out[leg] = "bad" if leg in bad else "good" if clean else None
+        return out
+
+    def _reach_states(self, crossed: dict[Leg, frozenset[str]]) -> dict[Leg, str | None]:
+        """A leg bad whose last MIN_ROUNDS rounds all answered from other switches: its leaf
+        no longer forwards to `via` (the cable is down: its own leaf drops a dead next hop at
+        once, while the other leaves' traffic towards that leaf still blackholes at the spine
+        until the routes are withdrawn; lab: connections of one leaf pair through a down
+        cable tie its two ends). Good whose last round reached `via`."""
+        out: dict[Leg, str | None] = dict.fromkeys(crossed)
+        for leg in crossed:
+            st = self.legs.get(leg)
+            last = [gone for _, gone in st.reach][-MIN_ROUNDS:] if st else []
+            if last and not last[-1]:
+                out[leg] = "good"
+            elif len(last) == MIN_ROUNDS and all(last):
+                out[leg] = "bad"
         return out
 
     def _rtt_states(self, crossed: dict[Leg, frozenset[str]]) -> dict[Leg, str | None]:

@@ -46,7 +46,7 @@ def test_a_hop_that_does_not_answer_is_no_measurement():
             "127.0.0.1", [free_port(), free_port()], ttl=1, count=20, dport=port,
             src="127.0.0.1", answer_timeout=0.05)
     assert m.sent == 0 and m.answered == 0 and m.hop is None
-    assert m.error is not None and "no port of 2" in m.error
+    assert m.error is not None and "no port of 2" in m.error and m.elsewhere == 0
 
 
 def test_only_the_expected_hop_counts():
@@ -57,6 +57,11 @@ def test_only_the_expected_hop_counts():
         "127.0.0.1", [free_port()], ttl=1, count=5, dport=closed, src="127.0.0.1",
         via=("10.255.0.1",))
     assert m.sent == 0 and m.error is not None
+    # the hop answered, from elsewhere: a leaf that no longer forwards to `via` (a silent
+    # hop, above, is not counted)
+    assert m.elsewhere == 1
+    assert validate_body("probe_result", {"probe_id": "m", "results": [
+        m.entry("leg", 1)]})["results"][0]["elsewhere"] == 1
 
 
 def loopback_fabric() -> Topology:

@@ -136,3 +136,29 @@ def test_a_lab_recording_replays_with_its_own_measurements(tmp_path):
     assert probe["named"] == "leaf00-spine01" and probe["signal"] == "loss"
     lossy = [leg for leg in probe["legs"] if leg["lost"]]
     assert lossy and all("leaf00-spine01" in leg["crosses"] for leg in lossy), probe["legs"]
+
+
+def test_a_down_cable_one_leaf_reaches_its_leaf_by_is_named_from_its_leafs_legs(tmp_path):
+    """21-down-leaf00-spine00-measured (the lab without eBPF tcp_flows, the ring's own ports:
+    only leaf03 -> leaf00 connections entered leaf00 by spine00). The blackholed connections
+    cross leaf03-spine00 and leaf00-spine00 alike: once the outage was over the tie became an
+    unlocalised finding with both as candidates (outage._tie; before, nothing at all, as in
+    two CI runs), and the recorded legs name the cable: every port of leaf00's leg was
+    answered by spine01 (`elsewhere`), leaf03's reached spine00 (live: 16.9 s)."""
+    from c4.aggregator.config import AggregatorConfig
+    from c4.aggregator.diagnosis.probes import RecordedMeasurer
+    from c4.core.topology import Topology
+    from tests.unit.test_diag_outage import LAB, unpack
+
+    rec, truth = unpack("21-down-leaf00-spine00-measured", tmp_path)
+    topo = Topology.load(LAB / "topology.json")
+    cfg = AggregatorConfig(diagnosis=truth["diagnosis"])
+    [tie] = replay(rec, cfg=cfg, topology=topo).incidents
+    assert tie["localised"] is None and set(tie["evidence"]["candidate_links"]) == {
+        "leaf00-spine00", "leaf03-spine00"}, tie["summary"]
+    [inc] = replay(rec, cfg=cfg, topology=topo, measurer=RecordedMeasurer(topo)).incidents
+    assert inc["localised"] is not None and inc["suspects"][0]["id"] == "leaf00-spine00", \
+        inc["summary"]
+    probe = inc["evidence"]["probe"]
+    assert probe["named"] == "leaf00-spine00" and probe["signal"] == "down"
+    assert inc["localised"] - (truth["epoch"] + truth["faults"][0]["start"]) <= 30

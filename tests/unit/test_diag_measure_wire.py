@@ -86,3 +86,74 @@ def test_a_leg_is_lossy_against_what_the_other_legs_lose():
     f, _ = measured(60, lost)
     assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf01-spine00"), f.suspects
     assert f.evidence["probe"]["signal"] == "loss"
+
+
+def three_leaves() -> Topology:
+    """node000, node001, node002 under leaf00, leaf01, leaf02; two spines with addresses."""
+    topo = Topology.leaf_spine(3, 1, 3, 2)
+    for i, h in enumerate(topo.hosts.values()):
+        h.nics[0].addr = f"10.0.{i}.1"
+    topo.switches["spine00"].addrs = ["10.9.0.1"]
+    topo.switches["spine01"].addrs = ["10.9.1.1"]
+    return topo
+
+
+def tie_finding() -> Finding:
+    """What outage._tie says of connections leaf01 -> leaf00 through spine00 that timed out
+    together: the two cables, neither localised."""
+    return Finding(
+        "comm_slow", "job", "c1",
+        [Suspect("link", "leaf00-spine00", None, None, 0.49),
+         Suspect("link", "leaf01-spine00", None, None, 0.49)],
+        "an outage", {"candidate_links": {"leaf00-spine00": "towards leaf00",
+                                          "leaf01-spine00": "towards spine00"}}, 90.0)
+
+
+def reach_rounds(seconds: int, gone: Callable[[str], dict[str, object] | None]
+                 ) -> tuple[Finding, dict[str, str]]:
+    """The tie after `seconds` of ticks; host `h` answers `gone(h)` (a result entry's fields
+    in place of a measured round) or measures a clean round. (the finding, leg host ->
+    its destination address)."""
+    core = build_core(AggregatorConfig(), db_path=":memory:", topology=three_leaves())
+    diag = core.diagnosis
+    dsts: dict[str, str] = {}
+    f = tie_finding()
+    for seq, t in enumerate(range(100, 100 + seconds)):
+        diag.tick(float(t))
+        f = diag.measuring.resolve(tie_finding(), float(t))
+        for host, _, body in diag.take_outbox():
+            [p] = validate_body("probe", body)["probes"]
+            dsts[host] = p["dst"]
+            count = p["measure"]["count"]
+            entry = gone(host) or {"hops": [None, p["measure"]["via"][0]], "sent": count,
+                                   "answered": count, "rtt_us": [300, 500, 900]}
+            result = validate_body("probe_result", {"probe_id": body["probe_id"], "results": [
+                {"id": p["id"], "sport": p["sports"][0], "reached": False, **entry}]})
+            diag.observe(Frame("probe_result", host, "b1", seq, float(t), result), t + 0.5)
+    return f, dsts
+
+
+def test_a_leaf_that_no_longer_forwards_to_the_spine_names_its_cable():
+    """A down cable's own leaf drops its next hop at once: every port of node000's leg
+    answers from spine01 at TTL 2 (`elsewhere`), while node001's leg reaches spine00. The
+    tie of the two cables to spine00 (the connections leaf01 -> leaf00 crossed both) is
+    named leaf00-spine00. The legs go towards node002 (leaf02): the far leaf's routes through
+    spine00 are withdrawn everywhere, so a leg towards leaf00 would not reach spine00 from
+    any leaf."""
+    unreached = {"hops": [None, None], "sent": 0, "answered": 0, "elsewhere": 32,
+                 "error": "no port of 32 reached 10.9.0.1 at TTL 2"}
+    f, dsts = reach_rounds(30, lambda h: unreached if h == "node000" else None)
+    assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf00-spine00"), \
+        f.suspects
+    assert f.top.confidence >= 0.8 and f.evidence["probe"]["signal"] == "down"
+    assert "leaf00 no longer forwards to spine00" in f.summary, f.summary
+    assert dsts == {"node000": "10.0.2.1", "node001": "10.0.2.1"}
+
+
+def test_a_leg_that_hears_nothing_names_nothing():
+    """Silence (no port's hop answered: an ICMP policer, a host that cannot send) is no
+    sign the leaf stopped forwarding: the tie stays a tie."""
+    silent = {"hops": [None, None], "sent": 0, "answered": 0,
+              "error": "no port of 32 reached 10.9.0.1 at TTL 2"}
+    f, _ = reach_rounds(30, lambda h: silent if h == "node000" else None)
+    assert f.top is not None and f.top.confidence < 0.8 and "probe" not in f.evidence

@@ -204,7 +204,7 @@ PROBE_RESULT = Record(
             required={"id": IDENT, "sport": PORT16, "hops": List(Nullable(ADDR), 64),
                       "reached": Bool()},
             optional={"error": Str(512), "sent": Int(0, 1000), "answered": Int(0, 1000),
-                      "rtt_us": List(U32, 3)},
+                      "rtt_us": List(U32, 3), "elsewhere": Int(0, 1000)},
             doc={"id": "the probe's id", "sport": "the traced source port",
                  "hops": "address that answered TTL 1, 2, ... (the router's ICMP time-exceeded "
                          "source); nil where no answer came; routers only, not the destination",
@@ -215,6 +215,9 @@ PROBE_RESULT = Record(
                  "sent": "measure: datagrams sent on the port (hops: the one at its TTL)",
                  "answered": "measure: of those, answered by that hop in time",
                  "rtt_us": "measure: RTT p50, p90, p99 of the answered, microseconds",
+                 "elsewhere": "measure: ports tried whose hop at the TTL answered from another "
+                              "switch than the wanted one (`via`); every port that answered "
+                              "did, with none reaching it: that leaf no longer forwards to it",
                  "error": "why this port could not be traced (e.g. `EADDRINUSE`); hops then "
                           "hold what was learned before"}), PROBE_SPORTS_MAX),
     },
