@@ -21,6 +21,7 @@ from c4.core.topology import Topology
 from c4.core.wire import Rejected
 
 from .config import AggregatorConfig
+from .diagnosis.probes import RecordedMeasurer
 from .planner.model import path_class
 from .server import Core, build_core
 
@@ -127,7 +128,10 @@ class Replay:
 
 
 def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | None = None,
-           tick_s: float = 1.0, measurer: Any = None) -> ReplayResult:
+           tick_s: float = 1.0, measurer: Any = None, measured: bool = False) -> ReplayResult:
+    """`measurer` answers C4D's measuring probes (lab/sim.py SimMeasurer); `measured`: the
+    recording's own `probe_result`s do (probes.RecordedMeasurer: what the live C4D's legs
+    measured), which needs a topology (ValueError without one)."""
     path = Path(path)
     if topology is None:
         beside = topology_beside(path)
@@ -135,8 +139,13 @@ def replay(path: str | Path, *, topology: Any = None, cfg: AggregatorConfig | No
             topology = Topology.load(beside)
     elif isinstance(topology, (str, Path)):
         topology = Topology.load(topology)
+    if measured:
+        if topology is None:
+            raise ValueError(f"{path}: answering the measuring probes from the recording "
+                             "needs its topology (none beside it: give one)")
+        measurer = RecordedMeasurer(topology)
     r = Replay(topology=topology, cfg=cfg, tick_s=tick_s)
-    if measurer is not None:  # answers C4D's measuring probes (lab/sim.py SimMeasurer)
+    if measurer is not None:
         r.core.diagnosis.use_measurer(measurer)
     # The recorded probe_results answer the live planner's probes, which the replayed one never
     # sent: the recording's paths teach its path map instead, or connections a plan moved

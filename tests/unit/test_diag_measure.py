@@ -162,3 +162,35 @@ def test_a_down_cable_one_leaf_reaches_its_leaf_by_is_named_from_its_leafs_legs(
     probe = inc["evidence"]["probe"]
     assert probe["named"] == "leaf00-spine00" and probe["signal"] == "down"
     assert inc["localised"] - (truth["epoch"] + truth["faults"][0]["start"]) <= 30
+
+
+def test_c4_replay_measured_answers_the_probes_from_the_recording(tmp_path):
+    """`c4 replay FILE --measured`: the operator's way to the replay above (fixture 21, its
+    topology beside it): localised with the flag, a tie without; no topology, a clear exit 2."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.unit.test_diag_outage import unpack
+
+    rec, truth = unpack("21-down-leaf00-spine00-measured", tmp_path)
+    cfg = tmp_path / "aggregator.toml"
+    cfg.write_text("[diagnosis]\n" + "".join(f"{k} = {json.dumps(v)}\n"
+                                             for k, v in truth["diagnosis"].items()))
+
+    def c4(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "c4.cli", "replay", str(rec), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    plain, measured = c4("--config", str(cfg), "--json"), \
+        c4("--config", str(cfg), "--measured", "--json")
+    assert plain.returncode == measured.returncode == 0, plain.stderr + measured.stderr
+    [tie] = json.loads(plain.stdout)["incidents"]
+    [inc] = json.loads(measured.stdout)["incidents"]
+    assert tie["localised"] is None
+    assert inc["localised"] is not None and inc["evidence"]["probe"]["signal"] == "down"
+    Path(f"{rec}.topology.json").unlink()
+    bare = c4("--measured")
+    assert bare.returncode == 2 and "needs its topology" in bare.stderr, bare.stderr
+    assert "Traceback" not in bare.stderr

@@ -20,6 +20,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="topology JSON (default: FILE.topology.json beside the recording)")
     p.add_argument("--config", metavar="FILE",
                    help="aggregator TOML config whose [diagnosis] thresholds to use")
+    p.add_argument("--measured", action="store_true",
+                   help="answer C4D's measuring probes from the recording's own probe results "
+                        "(what the live C4D's legs measured; a leg the live run never asked "
+                        "stays unanswered); needs the topology")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_replay)
 
@@ -33,8 +37,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     try:
         cfg = config.load(AggregatorConfig, args.config) if args.config else None
-        result = replay(args.file, topology=args.topology, cfg=cfg)
-    except (config.ConfigError, record.RecordError) as exc:
+        result = replay(args.file, topology=args.topology, cfg=cfg, measured=args.measured)
+    except (config.ConfigError, record.RecordError, ValueError) as exc:
         return fail(str(exc), 2)
     except OSError as exc:
         return fail(f"cannot read {args.file}: {exc.strerror or exc}", 2)
