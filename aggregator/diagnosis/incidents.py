@@ -109,6 +109,11 @@ class Incidents:
             # also the hosts and NICs it joins, when one of them is the named fault)
             inc = self._open_for([s.key for s in f.suspects] + list(f.aliases) +
                                  (_path_ends(top.kind, top.id) if top is not None else []))
+        if inc is None and sure and top is not None and f.comm:  # the same communicator's
+            # symptom that listed it without naming it (the ring's hang, then the measured
+            # link: two incidents for one fault)
+            inc = next((o for o in self.open() if o.comm == f.comm and not self._confident(o)
+                        and any(s["id"] == top.id for s in o.suspects)), None)
         if inc is None:
             inc = self._cause_of(f)
         if inc is None:
@@ -219,10 +224,19 @@ class Incidents:
         inc.job = inc.job or f.job
         inc.comm = inc.comm or f.comm
         new = [s.to_dict() for s in f.suspects]
-        # an unsure finding must not unseat a confident culprit, unless it explains it better
-        vague = not sure and self._confident(inc) and CLASS_RANK[f.cls] >= CLASS_RANK[inc.cls]
+        # an unsure finding must not unseat a confident culprit, unless it explains it better:
+        # of a more specific class, naming that culprit (a silent host's hang); not another
+        # one (a link down stalls the ring: the hang detector's host at 0.46 took a localised
+        # link's place). A sure one takes over an incident that names nothing yet, of its
+        # class or, naming another culprit, of any (a measured tie after the ring's hang had
+        # taken the tie's incident over stayed unlocalised). Naming its culprit, a sure one of
+        # a less specific class only makes it surer (below)
+        other = f.top is None or not inc.suspects or inc.suspects[0]["id"] != f.top.id
+        vague = not sure and self._confident(inc) and (
+            CLASS_RANK[f.cls] >= CLASS_RANK[inc.cls] or other)
         takes_over = CLASS_RANK[f.cls] < CLASS_RANK[inc.cls] or (
-            sure and CLASS_RANK[f.cls] == CLASS_RANK[inc.cls] and not self._confident(inc))
+            sure and not self._confident(inc) and
+            (CLASS_RANK[f.cls] == CLASS_RANK[inc.cls] or other))
         if not vague and (f.cls == inc.cls or takes_over):
             old = {s["id"]: s for s in inc.suspects}
             if f.cls != inc.cls:  # a more specific explanation takes over the incident

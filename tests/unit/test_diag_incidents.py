@@ -193,3 +193,35 @@ def test_a_finding_that_supersedes_renames_or_merges_the_earlier_incidents(db):
     merged = inc.get(again.id)
     assert merged is not None and merged["state"] == "resolved"
     assert merged["evidence"]["merged_into"] == host.id
+
+
+def _outage_findings() -> dict[str, Finding]:
+    """A link down under a ring (lab): the outage's tie of two cables (unsure), the ring's
+    hang naming a host at 0.46 beside one cable, the measured link (sure)."""
+    comm = "00000000000000aa"
+    return {
+        "tie": Finding("comm_slow", "job-1", comm,
+                       [Suspect("link", "leaf00-spine00", None, None, 0.45),
+                        Suspect("link", "leaf03-spine00", None, None, 0.45)], "tie",
+                       {"candidate_links": {"leaf00-spine00": "both", "leaf03-spine00": "both"}},
+                       100.0),
+        "hang": Finding("comm_hang", "job-1", comm,
+                        [Suspect("host", "node006", "node006", None, 0.46),
+                         Suspect("link", "leaf00-spine00", None, None, 0.3)], "hang", {}, 100.0),
+        "link": Finding("comm_slow", "job-1", comm,
+                        [Suspect("link", "leaf00-spine00", None, None, 0.99)], "measured", {},
+                        100.0)}
+
+
+@pytest.mark.parametrize("order", [
+    ("tie", "hang", "link", "link"),  # the hang took the tie's incident over: stayed unnamed
+    ("hang", "link", "link"),  # the link opened a second incident beside the hang's
+    ("link", "link", "hang", "hang")])  # the hang's host at 0.46 took the link's place
+def test_the_ring_hang_of_a_link_outage_leaves_one_incident_naming_the_link(db, order):
+    inc = make(db, localise_persist=2)
+    found = _outage_findings()
+    for i, name in enumerate(order):
+        inc.report(found[name], 100.0 + i)
+    [d] = inc.query(None)
+    assert d["localised"] is not None and d["class"] == "comm_slow", d
+    assert (d["suspects"][0]["id"], d["suspects"][0]["confidence"]) == ("leaf00-spine00", 0.99)
