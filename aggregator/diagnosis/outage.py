@@ -458,8 +458,7 @@ class OutageDetector:
         topo = self.model.topology
         start = now - WINDOW_S
         keys = [k for k in bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
-        if topo is None or not (any(k[0] == "conn" for k in keys) or
-                                self._phased(keys, host, start)):
+        if topo is None or not self._an_outage(keys, host, start):
             return []
         covers = {k: self._lost_way(k, conns, now) for k, conns in covers.items()}
         into: dict[str, list[tuple[Any, ...]]] = {}
@@ -525,10 +524,10 @@ class OutageDetector:
         # an outage, not loss, as the blackhole's tie-break asks (a lossy link's tie is the
         # loss detector's, and measuring a second tie beside it slows both: a CI run's 5 %
         # loss was named by the probes in 31 s)
-        if not (any(k[0] == "conn" for k in keys) or self._phased(keys, host, now - WINDOW_S)):
+        if not self._an_outage(keys, host, now - WINDOW_S):
             return []
         crossed = [_fabric(covers[k]) for k in keys]
-        common = set.intersection(*({localise.link_name(c)[0] for c in d} for d in crossed))
+        common = _common_cables(crossed)
         mass = _cable_mass(ranked)
         tied = sorted(common, key=lambda c: (-mass.get(c, 0.0), c))
         if len(tied) < 2 or localise.link_name(top.id)[0] not in common or \
@@ -563,6 +562,12 @@ class OutageDetector:
             return conns
         back = self._back(sock, fc.job, now)
         return [(None, back)] if back is not None else conns
+
+    def _an_outage(self, keys: list[tuple[Any, ...]], host: dict[Hashable, str],
+                   start: float) -> bool:
+        """Traffic lost in an outage, not to loss: a stuck connection (progress stopped), or
+        flows that lost it in separate phases (`_phased`)."""
+        return any(k[0] == "conn" for k in keys) or self._phased(keys, host, start)
 
     def _phased(self, keys: list[tuple[Any, ...]], host: dict[Hashable, str],
                 start: float) -> bool:
@@ -754,13 +759,17 @@ def _per_connection(top: localise.Hypothesis, host: dict[Hashable, str],
     crossed = [_fabric(covers[k]) for k in keys]
 
     def common(cleared: set[str]) -> set[str]:  # the cables every one crosses, not cleared
-        return set.intersection(*({localise.link_name(c)[0] for c in d - cleared}
-                                  for d in crossed))
+        return _common_cables([d - cleared for d in crossed])
 
     # (a flow crossing a lossy link moves data cleanly in some reports: the caller clears
     # only to break the tie of two path ends, never to unname what the bad ones alone name)
     return common(set().union(*(_fabric(covers[k]) for k in through))) == \
         {localise.link_name(top.id)[0]}
+
+
+def _common_cables(crossed: list[set[str]]) -> set[str]:
+    """The cables every one of these directed-link sets (`_fabric`) crosses."""
+    return set.intersection(*({localise.link_name(c)[0] for c in d} for d in crossed))
 
 
 def _fabric(conns: list[Conn]) -> set[str]:

@@ -328,8 +328,8 @@ class _Rounds:
     pending: bool = False
     n: int = 0  # rounds asked
     rounds: deque[tuple[float, LegResult]] = field(default_factory=deque)
-    # rounds whose ports all answered from other switches (True) or reached `via` (False)
-    reach: deque[tuple[float, bool]] = field(default_factory=deque)
+    # when rounds had every port answered from another switch (none reaching `via`)
+    unreached: deque[float] = field(default_factory=deque)
 
 
 def _poisson_sf(k: int, lam: float) -> float:
@@ -382,9 +382,8 @@ class Measuring:
                 st.pending = False
                 if not res.error and res.sent:
                     st.rounds.append((now, res))
-                    st.reach.append((now, False))
                 elif res.sent == 0 and res.elsewhere >= UNREACHED_PORTS:
-                    st.reach.append((now, True))
+                    st.unreached.append(now)
         for leg in [k for k, st in self.legs.items() if now - st.asked > WINDOW_S]:
             del self.legs[leg]
         for cable in [c for c, t in self._unasked_at.items() if now - t > WINDOW_S]:
@@ -392,8 +391,8 @@ class Measuring:
         for st in self.legs.values():
             while st.rounds and now - st.rounds[0][0] > WINDOW_S:
                 st.rounds.popleft()
-            while st.reach and now - st.reach[0][0] > WINDOW_S:
-                st.reach.popleft()
+            while st.unreached and now - st.unreached[0] > WINDOW_S:
+                st.unreached.popleft()
 
     def resolve(self, f: Finding, now: float) -> Finding:
         """Measure a path finding's candidates; when the legs single one out, the finding
@@ -590,10 +589,13 @@ class Measuring:
         out: dict[Leg, str | None] = dict.fromkeys(crossed)
         for leg in crossed:
             st = self.legs.get(leg)
-            last = [gone for _, gone in st.reach][-MIN_ROUNDS:] if st else []
-            if last and not last[-1]:
+            if st is None:
+                continue
+            reached = st.rounds[-1][0] if st.rounds else -math.inf
+            gone = st.unreached[-1] if st.unreached else -math.inf
+            if reached > gone:
                 out[leg] = "good"
-            elif len(last) == MIN_ROUNDS and all(last):
+            elif len(st.unreached) >= MIN_ROUNDS and st.unreached[-MIN_ROUNDS] > reached:
                 out[leg] = "bad"
         return out
 

@@ -83,7 +83,14 @@ TRACEPOINT_PROBE(timer, hrtimer_expire_entry) { return 0; }
                 os.getppid()
         missed = bpf_stats.prog_info(inner.fd).missed
         fdinfo = Path(f"/proc/self/fdinfo/{inner.fd}").read_text()
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(AgentMetrics(lambda: Snapshot(), lambda: {}, infiniband=False))
+        m = parse(generate_latest(reg).decode())
+        prog_id = bpf_stats.prog_info(inner.fd).id
     finally:
         b.cleanup()
     assert missed > 0
     assert f"recursion_misses:\t{missed}\n" in fdinfo  # the kernel's own account of it
+    # and what the agent exports (the misses stop once the syscall program is gone)
+    key = f'{{id="{prog_id}",program="timer__hrtimer_"}}'
+    assert m[f"c4_agent_bpf_program_missed_total{key}"] >= missed

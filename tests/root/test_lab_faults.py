@@ -136,8 +136,8 @@ def test_fabric_link_down_names_the_link(lab: LabState, steady: str) -> None:
 @pytest.mark.without_tcp_flows
 def test_a_down_link_one_leaf_reaches_its_leaf_by_is_named(
         lab: LabState, steady: str) -> None:
-    """A link whose traffic into its leaf comes from one other leaf (as C4P's plans left on
-    every link in a local run, and in two CI runs that saw no incident at all): the
+    """A link whose traffic into its leaf comes from one other leaf (as C4P's plan left the
+    link two CI runs took down, and saw no incident at all): the
     blackholed connections cross both ends of their path alike. With eBPF tcp_flows the way
     their acks took breaks the tie (outage._blackhole: this link named in 2.7 s locally);
     without it, the tie is an unlocalised finding with the two cables as candidates

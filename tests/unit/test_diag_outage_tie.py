@@ -277,3 +277,20 @@ def test_a_flaps_phases_are_an_outage_and_steady_loss_is_not(
     assert flap and any(flap), flap
     loss = phased_verdicts(LOSS_UP, tmp_path / "loss", monkeypatch)
     assert loss and not any(loss), loss
+
+
+def test_a_tie_names_nothing_that_would_hide_the_cable_named_later() -> None:
+    """_one_fault keeps one incident per fault by the components it named: a tie (outage._tie,
+    unlocalised, its top the first cable by mass) names none, or the cable measured or
+    broken out of it later, on a subset of the same evidence, would be dropped as the tie's."""
+    from c4.aggregator.diagnosis.findings import Finding, Suspect
+
+    det = OutageDetector(DiagnosisConfig(), Model(None), {})
+    bad = frozenset({("nic", "node006/mlx5_0"), ("nic", "node007/mlx5_0")})
+    tie = Finding("comm_slow", "job", "c1", [Suspect("link", "leaf03-spine00", None, None, 0.5),
+                                            Suspect("link", "leaf00-spine00", None, None, 0.5)],
+                  "tie", {}, 0.0)
+    named = Finding("comm_slow", "job", "c1",
+                    [Suspect("link", "leaf00-spine00", None, None, 0.99)], "named", {}, 0.0)
+    assert det._one_fault(tie, bad, 10.0)
+    assert det._one_fault(named, bad, 11.0)
