@@ -343,8 +343,15 @@ def _poisson_sf(k: int, lam: float) -> float:
     return max(0.0, 1.0 - total)
 
 
-def _poisson_cdf(k: int, lam: float) -> float:
-    return 1.0 - _poisson_sf(k + 1, lam)
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k), X ~ Binomial(n, p), summed in logs (n may be thousands)."""
+    if k >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    lp, lq, top = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    return min(1.0, sum(math.exp(top - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                                 + i * lp + (n - i) * lq) for i in range(k + 1)))
 
 
 class Measuring:
@@ -569,14 +576,17 @@ class Measuring:
                and _poisson_sf(lost, sent * max(BACKGROUND_LOSS, others(leg))) < P_LOSSY}
         if not bad:
             return dict.fromkeys(crossed)
-        # the lossy legs' rate, taken low (its one-sided 95 % bound): a clean leg must have
-        # been able to see it
+        # Clean: had it crossed the lossy component it would lose at the lossy legs' rate, so
+        # of the datagrams it and they lost together, its share would follow its share of the
+        # datagrams sent; it lost too few of them (the exact conditional test of two Poisson
+        # rates). A bound on that rate and then a test at it needed ~10 losses against none
+        # where this needs 7 (the adversarial corpus: a link at 0.36 % named after 42 s, its
+        # host's other leg waiting to vote clean).
         lost = sum(tally[leg][2] for leg in bad)
         sent = sum(tally[leg][1] for leg in bad)
-        rate = max(1.0, lost - 1.645 * math.sqrt(lost)) / sent
         out: dict[Leg, str | None] = {}
         for leg, (n, s, lo, _) in tally.items():
-            clean = n >= MIN_ROUNDS and _poisson_cdf(lo, s * rate) < P_CLEAN
+            clean = n >= MIN_ROUNDS and _binom_cdf(lo, lo + lost, s / (s + sent)) < P_CLEAN
             out[leg] = "bad" if leg in bad else "good" if clean else None
         return out
 
