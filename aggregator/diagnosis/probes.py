@@ -455,13 +455,16 @@ class Measuring:
 
     def _legs(self, topo: Topology, ends: list[str], cands: dict[str, frozenset[str]],
               now: float) -> list[Leg]:
-        """One leg per candidate: from the path's end NIC (else any NIC; `ends`: none when
-        the tie is no single path) under the candidate's leaf whose host this aggregator
-        routes, stopping at its spine (fabric) or leaf (access cable); legs crossing every
-        candidate separate nothing."""
+        """One leg per candidate: from a NIC under the candidate's leaf whose host this
+        aggregator routes (`_nic_under`), stopping at its spine (fabric) or leaf (access
+        cable); legs crossing every candidate separate nothing. Then a control leg wherever a
+        leg has no other of its TTL to be compared with (`_control`)."""
         legs: list[Leg] = []
         leaves = {sw for cable in cands for sw in (topo.links[cable].a, topo.links[cable].b)
                   if sw in topo.switches and topo.switches[sw].tier == "leaf"}
+        # NICs whose own access cable is a candidate: a fabric leg from one crosses both
+        cabled = {end for cable in cands for end in (topo.links[cable].a, topo.links[cable].b)
+                  if "/" in end}
         for cable in cands:
             lk = topo.links[cable]
             sa, sb = topo.switches.get(lk.a), topo.switches.get(lk.b)
@@ -470,7 +473,7 @@ class Measuring:
                 leaf, via, ttl = tiers.get("leaf"), tiers.get("spine"), 2
                 if leaf is None or via is None:
                     continue  # a three-tier fabric's upper links: not measured
-                src = self._nic_under(topo, leaf, ends)
+                src = self._nic_under(topo, leaf, ends, cabled)
             else:
                 src, via, ttl = (lk.a, lk.b, 1) if "/" in lk.a else (lk.b, lk.a, 1)
                 if not self._asks(src.partition("/")[0]):
@@ -488,7 +491,37 @@ class Measuring:
             links = leg_links(topo, leg)
             if leg not in legs and not all(links & c for c in cands.values()):
                 legs.append(leg)
+        for leg in list(legs):
+            if not any(o.ttl == leg.ttl for o in legs if o != leg):
+                ctl = self._control(topo, leg, cands, cabled)
+                if ctl is not None and ctl not in legs:
+                    legs.append(ctl)
         return legs
+
+    def _control(self, topo: Topology, leg: Leg, cands: dict[str, frozenset[str]],
+                 cabled: set[str]) -> Leg | None:
+        """A leg like `leg` that crosses no candidate: from the same NIC to another spine
+        (TTL 2), or from another NIC under the same leaf (TTL 1). RTT votes only against legs
+        of its TTL (a TTL-2 round trip is a hop longer) and loss against the other legs' own:
+        a lab tie of a slow fabric link and a host's access cable had one leg of each TTL and
+        no vote at all (its leg to the spine at 43 ms p90, the other at 0.15 ms)."""
+        host, _, dev = leg.src.partition("/")
+        h = topo.hosts.get(host)
+        nic = h.nic(dev) if h else None
+        if nic is None:
+            return None
+        if leg.ttl >= 2:
+            spines = sorted({sw for lk in topo.links.values() for sw in (lk.a, lk.b)
+                             if nic.leaf in (lk.a, lk.b) and sw != nic.leaf
+                             and sw in topo.switches and topo.switches[sw].tier == "spine"})
+            options = [Leg(leg.src, leg.dst, leg.ttl, sp) for sp in spines if sp != leg.via]
+        else:
+            options = [Leg(f"{o.name}/{n.name}", leg.dst, 1, nic.leaf)
+                       for o in topo.hosts.values() if o.name != host and self._asks(o.name)
+                       for n in o.nics if n.leaf == nic.leaf
+                       and f"{o.name}/{n.name}" not in cabled]
+        return next((o for o in options
+                     if not any(leg_links(topo, o) & c for c in cands.values())), None)
 
     @staticmethod
     def _beyond(topo: Topology, src: str, avoid: set[str]) -> str | None:
@@ -517,22 +550,22 @@ class Measuring:
     def _asks(self, host: str) -> bool:
         return self.routed is None or self.routed(host)
 
-    def _nic_under(self, topo: Topology, leaf: str, ends: list[str]) -> str | None:
-        """A NIC under `leaf` on a host this aggregator routes: the path's own end if it is
-        there, else any host's."""
+    def _nic_under(self, topo: Topology, leaf: str, ends: list[str],
+                   avoid: set[str]) -> str | None:
+        """A NIC under `leaf` on a host this aggregator routes: one whose access cable is no
+        candidate (`avoid`) before one whose is, as its leg then crosses the fabric candidate
+        alone (a lab run tied a slow fabric link with one host's access cable, took that
+        host's NIC and measured nothing: its leg crossed both); the path's own end before
+        other hosts'."""
+        found: list[str] = []
         for e in ends:
             host, _, dev = e.partition("/")
             h = topo.hosts.get(host)
-            for n in (h.nics if h and self._asks(host) else ()):
-                if n.leaf == leaf and (not dev or n.name == dev):
-                    return f"{host}/{n.name}"
-        for h in topo.hosts.values():
-            if not self._asks(h.name):
-                continue
-            for n in h.nics:
-                if n.leaf == leaf:
-                    return f"{h.name}/{n.name}"
-        return None
+            found += [f"{host}/{n.name}" for n in (h.nics if h and self._asks(host) else ())
+                      if n.leaf == leaf and (not dev or n.name == dev)]
+        found += [f"{h.name}/{n.name}" for h in topo.hosts.values() if self._asks(h.name)
+                  for n in h.nics if n.leaf == leaf]
+        return min(found, key=lambda nic: nic in avoid, default=None)
 
     def _verdict(self, cands: dict[str, frozenset[str]],
                  crossed: dict[Leg, frozenset[str]]) -> tuple[str, str] | None:

@@ -38,13 +38,14 @@ def path_finding(path: str = "node000->node001") -> Finding:
             "leaf01-spine00": "towards leaf01 (the only direction with traffic)"}}, 90.0)
 
 
-def measured(seconds: int, lost: Callable[[str, int], int],
-             finding: Callable[[], Finding] = path_finding
+def measured(seconds: int, lost: Callable[[str, int, str], int],
+             finding: Callable[[], Finding] = path_finding, topo: Topology | None = None,
+             p90_us: Callable[[str, int, str], int] = lambda host, ttl, via: 500
              ) -> tuple[Finding, dict[tuple[str, int], int]]:
     """The finding after `seconds` of ticks in which the agents answer every measuring
-    probe, the leg of host `h` with TTL `ttl` losing `lost(h, ttl)` datagrams of the round:
-    (the finding, rounds per leg)."""
-    core = build_core(AggregatorConfig(), db_path=":memory:", topology=fabric())
+    probe, the leg of host `h` with TTL `ttl` to the switch at `via` losing `lost(h, ttl, via)`
+    datagrams of the round, its RTT p90 `p90_us(h, ttl, via)`: (the finding, rounds per leg)."""
+    core = build_core(AggregatorConfig(), db_path=":memory:", topology=topo or fabric())
     diag = core.diagnosis
     asked: dict[tuple[str, int], int] = {}
     seq = 0
@@ -56,19 +57,20 @@ def measured(seconds: int, lost: Callable[[str, int], int],
             assert kind == "probe"
             [p] = validate_body("probe", body)["probes"]
             ttl, via = p["measure"]["ttl"], p["measure"]["via"][0]
-            n = lost(host, ttl)
+            n = lost(host, ttl, via)
             asked[(host, ttl)] = asked.get((host, ttl), 0) + 1
             seq += 1
             result = validate_body("probe_result", {"probe_id": body["probe_id"], "results": [{
                 "id": p["id"], "sport": p["sports"][0], "hops": [None] * (ttl - 1) + [via],
                 "reached": False, "sent": p["measure"]["count"],
-                "answered": p["measure"]["count"] - n, "rtt_us": [300, 500, 900]}]})
+                "answered": p["measure"]["count"] - n,
+                "rtt_us": [300, p90_us(host, ttl, via), 900]}]})
             diag.observe(Frame("probe_result", host, "b1", seq, float(t), result), t + 0.5)
     return f, asked
 
 
 def test_probe_frames_out_and_results_in_name_the_link():
-    f, asked = measured(40, lambda host, ttl: 2 if host == "node001" else 0)
+    f, asked = measured(40, lambda host, ttl, via: 2 if host == "node001" else 0)
     assert asked and set(asked) == {("node000", 2), ("node001", 2)}
     assert max(asked.values()) <= 40 / 3 + 1  # one round per leg every 3-5 s
     assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf01-spine00")
@@ -84,7 +86,7 @@ def test_a_leg_is_lossy_against_what_the_other_legs_lose():
     losses = {"node001": [5, 3, 0, 0, 3, 3, 0], "node000": [1, 1, 0, 1, 1, 0]}
     rounds = {"node000": 0, "node001": 0}
 
-    def lost(host: str, ttl: int) -> int:
+    def lost(host: str, ttl: int, via: str) -> int:
         rounds[host] += 1
         return losses[host][(rounds[host] - 1) % len(losses[host])]
 
@@ -184,10 +186,61 @@ def test_a_leg_losing_one_datagram_a_round_is_told_from_one_losing_none_in_8_rou
     if both legs crossed the loss. That vote took a bound on the lossy rate and a test at it,
     which needed about 10 losses against none (the adversarial corpus: such a link named after
     42 s of rounds)."""
-    f, asked = measured(34, lambda host, ttl: 1 if (host, ttl) == ("node000", 2) else 0,
+    f, asked = measured(34, lambda host, ttl, via: 1 if (host, ttl) == ("node000", 2) else 0,
                         path_and_cables)
     assert set(asked) == {("node000", 2), ("node000", 1), ("node001", 2), ("node001", 1)}
     assert asked[("node000", 2)] <= 9, asked
     assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf00-spine00"), f.summary
     legs = {(leg["src"], leg["ttl"]): leg["lost"] for leg in f.evidence["probe"]["legs"]}
     assert legs[("node000/mlx5_0", 1)] == 0 and 0 < legs[("node000/mlx5_0", 2)] <= 9, legs
+
+
+def two_per_leaf() -> Topology:
+    """node000, node001 under leaf00; node002, node003 under leaf01; two spines; every
+    switch with an address."""
+    topo = Topology.leaf_spine(4, 1, 2, 2)
+    for i, h in enumerate(topo.hosts.values()):
+        h.nics[0].addr = f"10.0.{i}.1"
+    for i, sw in enumerate(sorted(topo.switches)):
+        topo.switches[sw].addrs = [f"10.9.{i}.1"]
+    return topo
+
+
+def cable_and_link(access: str, spine: str) -> Callable[[], Finding]:
+    """A tie of a fabric link of leaf01 and one host's access cable under leaf01 (a lab run:
+    connections into node002 slowed by leaf01-spine01 at 10 Mbit/s: 0.50 each)."""
+    return lambda: Finding(
+        "comm_slow", "job", "c1",
+        [Suspect("link", f"leaf01-{spine}", None, None, 0.5),
+         Suspect("link", f"{access}-leaf01", None, None, 0.5)],
+        "a tie", {"candidate_links": {f"leaf01-{spine}": "towards leaf01",
+                                      f"{access}-leaf01": f"towards {access}"}}, 90.0)
+
+
+def test_a_tie_with_a_hosts_cable_measures_the_link_from_another_host():
+    """The fabric link's leg came from the first host under leaf01, node002, whose access
+    cable is the other candidate: it crossed both, was dropped, and nothing was measured. Now
+    it comes from node003 and crosses the fabric link alone."""
+    lossy = "10.9.3.1"  # spine01 (sorted switches: leaf00, leaf01, spine00, spine01)
+    f, asked = measured(30, lambda host, ttl, via: 5 if via == lossy else 0,
+                        cable_and_link("node002/mlx5_0", "spine01"), two_per_leaf())
+    assert ("node003", 2) in asked and ("node002", 1) in asked, asked
+    probe = f.evidence.get("probe", {})
+    assert (probe.get("named"), probe.get("signal")) == ("leaf01-spine01", "loss"), f.summary
+    assert f.top is not None and f.top.id == "leaf01-spine01" and f.top.confidence > 0.9
+
+
+def test_a_leg_without_a_peer_of_its_ttl_is_timed_against_a_control_leg():
+    """The lab: leaf01-spine00 at 10 Mbit/s tied with node003's access cable. Its leg to
+    spine00 queued (43 ms p90) and the leg to leaf01 did not (0.15 ms), but RTT compares legs
+    of one TTL and each was alone: no vote in 50 s. A control leg from the same NIC to the
+    other spine (0.5 ms) is what the slow one is judged against."""
+    slow = "10.9.2.1"  # spine00 (sorted switches: leaf00, leaf01, spine00, spine01)
+    f, asked = measured(30, lambda host, ttl, via: 0,
+                        cable_and_link("node003/mlx5_0", "spine00"),
+                        two_per_leaf(), lambda host, ttl, via: 43000 if via == slow else 500)
+    assert ("node002", 2) in asked and ("node003", 1) in asked, asked
+    probe = f.evidence.get("probe", {})
+    assert (probe.get("named"), probe.get("signal")) == ("leaf01-spine00", "rtt"), f.summary
+    assert {(leg["via"], tuple(leg["crosses"])) for leg in probe["legs"] if leg["ttl"] == 2} \
+        == {("spine00", ("leaf01-spine00",)), ("spine01", ())}
