@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any, Hashable
 
 from c4.core import ordinals
+from c4.core.topology import pair_hosts
 
 from . import localise
 from .config import DiagnosisConfig
@@ -323,6 +324,14 @@ class HangDetector:
         if top is not None:
             suspects, named, aliases = localise.name(top, nic_path(comm, bad))
             e.update(named, connections_through_suspect=top.n_all)
+            cables = list(dict.fromkeys(lk for k in bad for lk in comm.cells[k].path or ()))
+            if pair_hosts(top.id) and "candidate_links" not in e and len(cables) >= 2:
+                # One host pair's connections are stuck and the others, idle in the stall,
+                # clear their cables in the vote: its cables are candidates the probes
+                # measure (a lab run, 5 % loss both ways: the ring stalled, the loss finding
+                # ended with the data, and the hang named the pair for 29 s while the legs
+                # across the lossy link lost 27-40 of 400 a round).
+                e["candidate_links"] = dict.fromkeys(cables, "both")
         where = describe(suspects[0], self.cfg.localise_confidence) if suspects else \
             "no single component (ambiguous)"
         summary = (f"all {ev['live_ranks']} ranks entered {ev['func']} seq {ev['seq']} and no "

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from c4.core.topology import Topology, access_link_id, fabric_link_id
+from c4.core.topology import Topology, access_link_id, fabric_link_id, pair_hosts
 
 from .findings import Finding, Suspect, renamed
 from .localise import directed
@@ -412,7 +412,8 @@ class Measuring:
         cands = candidates(topo, f)
         if len(cands) < 2:
             return f  # a link finding without a tie (most): nothing to measure
-        legs = self._legs(topo, top.id.split("->") if top.kind == "path" else [], cands, now)
+        pair = pair_hosts(top.id)
+        legs = self._legs(topo, top.id.split("->") if top.kind == "path" else pair, cands, now)
         if len(legs) < 2:
             return f
         for leg in legs:
@@ -429,8 +430,8 @@ class Measuring:
             return f
         cable, signal = verdict
         # the belief in the tie as a whole: its top suspect (the path, else one of the tied
-        # links) holds one candidate's part of it
-        share = min(0.99, top.confidence * len(cands))
+        # links) holds one candidate's part of it, a host pair (a hang's) all of it
+        share = min(0.99, top.confidence * (1 if pair else len(cands)))
         conf = share * PROBE_ODDS / (share * PROBE_ODDS + 1.0 - share)
         lk = topo.links[cable]
         dirs = sorted(d.partition("=>")[2] for d in cands[cable]) if signal != "down" else []

@@ -125,6 +125,12 @@ def pair_id(a: str, b: str) -> str:
     return f"{x}<->{y}"
 
 
+def pair_hosts(cid: str) -> list[str]:
+    """The two hosts of a `pair_id`; [] for any other id."""
+    x, sep, y = cid.partition("<->")
+    return [x, y] if sep else []
+
+
 @dataclass
 class Topology:
     hosts: dict[str, Host] = field(default_factory=dict)

@@ -194,3 +194,54 @@ def test_c4_replay_measured_answers_the_probes_from_the_recording(tmp_path):
     bare = c4("--measured")
     assert bare.returncode == 2 and "needs its topology" in bare.stderr, bare.stderr
     assert "Traceback" not in bare.stderr
+
+
+class LossyLink:
+    """The agents' measurements where one cable loses `rate` of what crosses it either way
+    (each datagram out and its answer back), answered `ROUND_S` after the ask: what a live
+    run's agents would have returned for legs its recording never asked."""
+
+    def __init__(self, topo, cable: str, rate: float) -> None:
+        self.topo, self.cable, self.rate = topo, cable, rate
+        self.due: list = []
+
+    def measure(self, leg, count: int, now: float) -> bool:
+        from c4.aggregator.diagnosis.probes import LegResult, leg_links
+
+        crossings = sum(c.startswith(f"{self.cable}=>") for c in leg_links(self.topo, leg))
+        lost = round(count * (1 - (1 - self.rate) ** crossings))
+        self.due.append((now + 2.0, leg, LegResult(count, count - lost, 0.3, 0.5)))
+        return True
+
+    def results(self, now: float) -> list:
+        out = [(leg, r) for t, leg, r in self.due if t <= now]
+        self.due = [d for d in self.due if d[0] > now]
+        return out
+
+
+def test_a_ring_stalled_by_loss_is_named_by_measuring_the_stuck_pairs_cables(tmp_path):
+    """22-loss-leaf00-spine00-stall (lab run S: 5 % loss both ways, C4P applying). The ring's
+    connection node000 -> node002 stalled it for 29 s; the loss finding, which the probes
+    resolve, ended with the data, and the hang named the host pair node000<->node002 with no
+    candidates: nothing was measured and nothing named (live too), though the legs then
+    measured lost 27-40 of 400 a round across the link. Now the stuck pair's cables are the
+    hang's candidates, and the legs that cross the lossy one name it."""
+    from c4.aggregator.config import AggregatorConfig
+    from c4.core.topology import Topology
+    from tests.unit.test_diag_outage import LAB, unpack
+
+    rec, truth = unpack("22-loss-leaf00-spine00-stall", tmp_path)
+    topo = Topology.load(LAB / "topology.json")
+    cfg = AggregatorConfig(diagnosis=truth["diagnosis"])
+    incidents = replay(rec, cfg=cfg, topology=topo).incidents
+    hangs = [i for i in incidents if i["class"] == "comm_hang"]
+    assert hangs and "leaf00-spine00" in hangs[0]["evidence"]["candidate_links"], \
+        [(i["summary"], i["evidence"].get("candidate_links")) for i in incidents]
+    incidents = replay(rec, cfg=cfg, topology=topo,
+                       measurer=LossyLink(topo, "leaf00-spine00", 0.05)).incidents
+    named = [i for i in incidents if i["localised"]]
+    assert [i["suspects"][0]["id"] for i in named] == ["leaf00-spine00"], \
+        [i["summary"] for i in incidents]
+    assert named[0]["evidence"]["probe"]["named"] == "leaf00-spine00"
+    onset = truth["epoch"] + truth["faults"][0]["start"]
+    print(f"named {named[0]['localised'] - onset:.1f} s after the onset")
