@@ -512,9 +512,9 @@ class Measuring:
         if nic is None:
             return None
         if leg.ttl >= 2:
-            spines = sorted({sw for lk in topo.links.values() for sw in (lk.a, lk.b)
-                             if nic.leaf in (lk.a, lk.b) and sw != nic.leaf
-                             and sw in topo.switches and topo.switches[sw].tier == "spine"})
+            up = {lk.other(nic.leaf) for lk in topo.adjacency().get(nic.leaf, ())}
+            spines = sorted(sw for sw in up
+                            if sw in topo.switches and topo.switches[sw].tier == "spine")
             options = [Leg(leg.src, leg.dst, leg.ttl, sp) for sp in spines if sp != leg.via]
         else:
             options = [Leg(f"{o.name}/{n.name}", leg.dst, 1, nic.leaf)
