@@ -93,15 +93,22 @@ def median_step(steps: list[dict[str, Any]]) -> float:
 
 def wait_proposal(st: LabState, flows: int, timeout: float) -> dict[str, Any]:
     """The planner's proposal once it plans `flows` flows (reported and traced) and moves
-    some: GET /api/v1/plan, what `c4 plan` shows."""
+    some, with the current load known (every connection's own 4-tuple traced; a CI run took
+    a proposal made while one trace was still out), else at the deadline the last that plans
+    and moves them: GET /api/v1/plan, what `c4 plan` shows."""
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
+    planning: dict[str, Any] | None = None
     while time.monotonic() < deadline:
         last = api.plan_view(st)
         p = last.get("proposal")
         if p and p["planned"] >= flows and p["moved"]:
-            return last
+            if p.get("current_max_util") is not None:
+                return last
+            planning = last
         time.sleep(0.5)
+    if planning is not None:
+        return planning
     raise LabError(f"no proposal planning {flows} flows in {timeout:.0f} s: flows "
                    f"{last.get('flows')}, path map {last.get('pathmap')}, stats "
                    f"{last.get('stats')}, proposal {json.dumps(last.get('proposal'))[:400]}")
