@@ -324,8 +324,9 @@ class HangDetector:
         if top is not None:
             suspects, named, aliases = localise.name(top, nic_path(comm, bad))
             e.update(named, connections_through_suspect=top.n_all)
-            cables = list(dict.fromkeys(lk for k in bad for lk in comm.cells[k].path or ()))
-            if pair_hosts(top.id) and "candidate_links" not in e and len(cables) >= 2:
+            cables = list(dict.fromkeys(lk for k in bad for lk in comm.cells[k].path or ())) \
+                if pair_hosts(top.id) and "candidate_links" not in e else []
+            if len(cables) >= 2:
                 # One host pair's connections are stuck and the others, idle in the stall,
                 # clear their cables in the vote: its cables are candidates the probes
                 # measure (a lab run, 5 % loss both ways: the ring stalled, the loss finding
