@@ -30,6 +30,11 @@ class PlanningConfig:
         5, "reports a flow's demand is taken over: the largest of its last this many "
         "measured rates (a connection's first one left out); a flow with fewer counts as "
         "noise only, so new flows alone never get a periodic plan applied")
+    elastic: bool = field(
+        True, "a flow that a full link (90 % or more) holds back, among the largest on it, is "
+        "planned with the rate its NICs alone would allow it (its max-min fair share of the "
+        "links all its paths share), not its measured rate: TCP and RoCE flows take what the "
+        "link leaves them, so their rates show where they are, not what they want")
     suspect_factor: float = field(
         0.5, "capacity kept by a link an open slow/lossy incident names (0..1): load leaves it "
         "first")

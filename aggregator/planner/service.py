@@ -16,9 +16,8 @@ import random
 import sqlite3
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -28,6 +27,7 @@ from c4.core.wire.kinds import PROBE_SPORTS_MAX
 
 from ..schema import migrate
 from . import solver
+from .demand import Demand, elastic
 from .config import PlanningConfig
 from .model import Built, Flow, Health, Model, choose_ports, path_class
 from .pathmap import PathMap
@@ -36,35 +36,6 @@ ROCE_PORTS = (0xC000, 0xFFFF)
 LINK_DOWN = ("hw_link_flap", "hw_nic_down")  # incident classes that take a link out
 FLOW_TTL_S = 60.0  # a flow no report mentioned for this long is gone
 PORTS_S = 0.005  # of a re-plan's budget, kept for choosing ports and publishing
-
-
-class Demand:
-    """A flow's demand from the rates its reports measured: the largest of the last `window`
-    (a reconnect's or a plan's stall lowers a rate, not the demand), leaving out a flow's
-    first rate once there is another (a new connection's ramp-up). `noise` is what the
-    measurement cannot tell apart: twice the standard error of the window's mean, and the
-    whole demand while fewer than `window` rates back it (a young flow)."""
-
-    __slots__ = ("rates", "seen")
-
-    def __init__(self, window: int) -> None:
-        self.rates: deque[float] = deque(maxlen=window)
-        self.seen = 0
-
-    def add(self, rate: float) -> float:
-        self.seen += 1
-        if self.seen == 2:
-            self.rates.clear()
-        self.rates.append(rate)
-        return max(self.rates)
-
-    def noise(self) -> float:
-        n = len(self.rates)
-        if n < (self.rates.maxlen or 1) or n < 2:
-            return max(self.rates)
-        mean = sum(self.rates) / n
-        var = sum((x - mean) ** 2 for x in self.rates) / (n - 1)
-        return 2.0 * math.sqrt(var / n)
 
 
 @dataclass
@@ -80,6 +51,8 @@ class Proposal:
     # of the gain in max utilisation, what the noise in the measured demands could explain
     # (periodic proposals with every current path known)
     margin: float | None = None
+    # flows planned with the demand their NICs allow (demand.elastic): key -> demand
+    held_back: dict[Hashable, float] = field(default_factory=dict)
 
     def gain_needed(self, min_gain: float) -> float | None:
         """What a periodic plan must lower the max utilisation by to be applied on its
@@ -101,6 +74,9 @@ class Job:
     t0: float  # perf_counter when prepared: a re-plan's budget counts from it
     target: float  # the utilisation a re-plan restores
     noise: np.ndarray | None = None  # per planned flow: Demand.noise (full plans)
+    # planned flows a full link holds back, with their demand (demand.elastic); a re-plan's
+    # come from the last full plan, a full plan's are estimated in `solve`
+    held_back: dict[Hashable, float] | None = None
 
 
 @dataclass
@@ -163,6 +139,8 @@ class Planner:
         self.next_plan = 0.0
         self.deferred: set[str] = set()  # links whose health changed while settling
         self.rng = random.Random(0)
+        # planned flows the last full plan found held back by a full link: their demand then
+        self.held_back: dict[Hashable, float] = {}
         self.stats = {"probes_sent": 0, "probe_results": 0, "paths_learned": 0,
                       "paths_unresolved": 0, "plans_applied": 0, "replans": 0}
         for h in topology.hosts.values():
@@ -581,10 +559,21 @@ class Planner:
         if b.inst is None:
             self.proposal = None
             return None
+        held_back = None
+        if self.cfg.elastic and replan:
+            # the last full plan's estimate: a re-plan restores what that plan reached, from
+            # the same demands, within `replan_budget_s` (estimating again costs ~50 ms at
+            # 32,000 flows)
+            est = self.held_back
+            b.inst = dataclasses.replace(b.inst, demand=np.fromiter(
+                (est.get(k, x) for k, x in zip(b.keys, b.inst.demand.tolist())),
+                dtype=np.float64, count=len(b.keys)))
+            held_back = {k: est[k] for k in b.keys if k in est}
         noise_of = None if replan and not noise else np.fromiter(
             (self._noise(k, fl) for k, fl in zip(b.keys, b.flows)),  # type: ignore[arg-type]
             dtype=np.float64, count=len(b.flows))
-        return Job(b, now, reason, replan, self.seq, t0, self.planned_util, noise_of)
+        return Job(b, now, reason, replan, self.seq, t0, self.planned_util, noise_of,
+                   held_back)
 
     def solve(self, job: Job) -> Proposal:
         """A proposal for `job`. Reads nothing the aggregator's lock guards (the input is
@@ -593,8 +582,15 @@ class Planner:
         b = job.built
         assert b.inst is not None
         complete = min(b.current) >= 0
-        current_util = solver.max_util(b.inst, b.current) if complete else None
+        held_back = job.held_back or {}
         with self.solving:
+            if self.cfg.elastic and job.held_back is None:
+                # the split is the engine's, kept between plans, which its state reuses
+                demand, back = elastic(b.inst, b.current,
+                                       [s[0] for s in self.engine.splits(b.inst.cand)])
+                b.inst = dataclasses.replace(b.inst, demand=demand)
+                held_back = {b.keys[f]: float(demand[f]) for f in np.flatnonzero(back)}
+            current_util = solver.max_util(b.inst, b.current) if complete else None
             if job.replan:
                 # restore the utilisation the last proposal or plan reached, moving little
                 # what is left, less a margin for the ports and the proposal after it
@@ -605,7 +601,7 @@ class Planner:
         margin = _noise_margin(b, (b.current, r.assign), job.noise) \
             if complete and job.noise is not None else None
         return Proposal(b, r, choose_ports(b, r.assign, r.moved), current_util, job.now,
-                        job.reason, job.seq, job.replan, margin)
+                        job.reason, job.seq, job.replan, margin, held_back)
 
     def publish(self, p: Proposal) -> Proposal:
         """`p` becomes the proposal unless one prepared later was published first (a
@@ -615,6 +611,7 @@ class Planner:
         self.proposal = p
         if not p.replan:
             self.planned_util = p.result.max_util
+            self.held_back = p.held_back
         return p
 
     def refresh(self, lock: Any, clock: Callable[[], float], reason: str,
@@ -715,6 +712,7 @@ class Planner:
         out["proposal"] = {
             "reason": p.reason, "made": p.made, "planned": len(b.flows),
             "unplanned": len(b.unplanned), "unplanned_reasons": reasons,
+            "held_back": len(p.held_back),
             "current_max_util": None if p.current_util is None else round(p.current_util, 4),
             "proposed_max_util": round(r.max_util, 4), "moved": len(r.moved),
             "noise_margin": None if p.margin is None else round(p.margin, 4),

@@ -925,12 +925,13 @@ class Engine:
             got = self.memo[id(c)] = (c, _split(c))
         return got[1]
 
-    def state(self, inst: Instance) -> _State:
-        """A fresh state, nothing placed."""
-        ids = list(map(id, inst.cand))
+    def splits(self, cand: list[list[tuple[int, ...]]]) -> list[Split]:
+        """`split` of each flow's list: the kept ones, the new ones split together; the
+        lists no flow has any more are forgotten."""
+        ids = list(map(id, cand))
         fresh: dict[int, tuple[list[tuple[int, ...]], Split]] = {}
         new: dict[int, list[tuple[int, ...]]] = {}
-        for i, c in zip(ids, inst.cand):
+        for i, c in zip(ids, cand):
             if i in fresh or i in new:
                 continue
             got = self.memo.get(i)
@@ -940,7 +941,12 @@ class Engine:
                 new[i] = c
         fresh.update(zip(new, zip(new.values(), _split_all(list(new.values())))))
         self.memo = fresh  # holds the lists, so an id is not reused while it is a key
-        return _State(inst, [fresh[i][1][0] for i in ids], [fresh[i][1][1] for i in ids])
+        return [fresh[i][1] for i in ids]
+
+    def state(self, inst: Instance) -> _State:
+        """A fresh state, nothing placed."""
+        sp = self.splits(inst.cand)
+        return _State(inst, [s[0] for s in sp], [s[1] for s in sp])
 
     def _carry(self, st: _State, inst: Instance) -> _State:
         """A kept state brought up to `inst` (same arcs): only the flows whose candidate

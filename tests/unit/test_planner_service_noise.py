@@ -4,7 +4,8 @@ that noise could explain plus `min_gain` (lab finding: 39 plans in 9 minutes on 
 ring, each claiming 8-50%)."""
 from __future__ import annotations
 
-from c4.aggregator.planner.service import Demand, Planner
+from c4.aggregator.planner.demand import Demand
+from c4.aggregator.planner.service import Planner
 from c4.core.topology import Topology
 
 from .test_planner_service import colliding, frame, know_paths, on_spine, planner, tcp_report
