@@ -588,6 +588,11 @@ class Planner:
                 # the split is the engine's, kept between plans, which its state reuses
                 demand, back = elastic(b.inst, b.current,
                                        [s[0] for s in self.engine.splits(b.inst.cand)])
+                if job.noise is not None:
+                    # as uncertain as the rate it came from: a young flow's estimate is all
+                    # noise too (its ramp-up or stall alone never gets a plan applied)
+                    job.noise = np.where(back, job.noise * demand /
+                                         np.maximum(b.inst.demand, 1e-12), job.noise)
                 b.inst = dataclasses.replace(b.inst, demand=demand)
                 held_back = {b.keys[f]: float(demand[f]) for f in np.flatnonzero(back)}
             current_util = solver.max_util(b.inst, b.current) if complete else None

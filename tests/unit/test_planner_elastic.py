@@ -225,3 +225,15 @@ def test_no_full_link_leaves_every_measured_rate_as_the_demand():
                     [[(0, 1), (0, 2)], [(0, 1), (0, 2)]])
     d, held = held_back(inst, [0, 1])
     assert not held.any() and d.tolist() == [0.3, 0.4]
+
+
+def test_a_young_flows_estimate_is_all_noise_so_no_plan_is_applied_on_its_ramp_up():
+    # held back or not, a connection with fewer than `demand_window` rates is all noise: a
+    # periodic plan moved the lab's ring 5 s after it started (its estimate beat a margin made
+    # from the measured rate), and the reconnect raised a slow incident
+    cfg = {"interval_s": 5.0, "demand_window": 20}
+    for seed in (1, 2):
+        plans, f = run(seed, seconds=18, **cfg)  # type: ignore[arg-type]
+        assert f.start > 2 and plans == 0, (seed, plans)
+        plans, f = run(seed, seconds=40, **cfg)  # type: ignore[arg-type]
+        assert plans == 1 and crowded(f) == 2, (seed, plans)
