@@ -6,8 +6,9 @@ what they want, and a plan made from them finds nothing to gain (every full link
 or, from rates measured before and after a move, gains that vanish once applied (lab run U:
 the same connections moved back and forth). A flow a full link holds back gets instead the
 rate it would reach limited only by the links every path of it shares (its NICs): its max-min
-fair share of those, as Hedera estimates demand (Al-Fares et al., NSDI 2010). That does not
-depend on where the plan puts it, so plans stop chasing their own effect.
+fair share of those with every planned flow taken as elastic, as Hedera estimates demand
+(Al-Fares et al., NSDI 2010). That does not depend on where the plan puts it or its
+neighbours, so plans stop chasing their own effect.
 """
 from __future__ import annotations
 
@@ -57,9 +58,9 @@ def elastic(inst: Instance, current: Sequence[int],
             shared: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     """The demand to plan with, and which flows were held back. A flow is held back when
     its current path (known) crosses a link at `FULL` or more of its capacity on which it
-    carries about the largest rate or its fair share (`LARGEST`); it gets its max-min fair share of the arcs all its candidates share,
-    whose capacity is what the other flows' measured load leaves. Every other flow keeps
-    its measured demand. `shared[f]`: the arcs all of flow f's candidates share
+    carries about the largest rate or its fair share (`LARGEST`); it gets its max-min fair
+    share of the arcs all its candidates share, every planned flow taken as elastic there
+    (what the unplanned ones leave). Every other flow keeps its measured demand. `shared[f]`: the arcs all of flow f's candidates share
     (`solver.Engine.splits`)."""
     d = inst.demand
     n = len(d)
@@ -85,18 +86,17 @@ def elastic(inst: Instance, current: Sequence[int],
     held[owner[hit]] = True
     if not held.any():
         return d, held
-    # the others' measured load stays; the held flows share what is left of their shared
-    # arcs
-    free = inst.cap - inst.base - np.bincount(arc, weights=np.where(held, 0.0, d)[owner],
-                                              minlength=m)
-    hf = np.flatnonzero(held)
-    hcom = [shared[f] for f in hf.tolist()]
-    clen = np.fromiter(map(len, hcom), dtype=np.intp, count=len(hf))
-    h_arc = np.fromiter(chain.from_iterable(hcom), dtype=np.intp, count=int(clen.sum()))
-    share = _fill(np.maximum(free, 0.0), np.repeat(np.arange(len(hf)), clen), h_arc,
-                  len(hf))
+    # every planned flow shares its shared arcs as if elastic (Hedera): a held flow's estimate
+    # must not follow its siblings' measured rates, which change with the plan (lab: a
+    # sibling moved onto an emptier link ran at the ring's pace, left the held flow the rest
+    # of the NIC, and the next plan moved that flow again)
+    clen = np.fromiter(map(len, shared), dtype=np.intp, count=n)
+    s_arc = np.fromiter(chain.from_iterable(shared), dtype=np.intp, count=int(clen.sum()))
+    share = _fill(np.maximum(inst.cap - inst.base, 0.0), np.repeat(np.arange(n), clen), s_arc,
+                  n)
     out = d.copy()
-    out[hf] = np.where(np.isfinite(share) & (share > 0), share, d[hf])
+    ok = held & np.isfinite(share) & (share > 0)
+    out[ok] = share[ok]
     return out, held
 
 
