@@ -54,13 +54,15 @@ class Demand:
         return 2.0 * math.sqrt(var / n)
 
 
-def elastic(inst: Instance, current: Sequence[int],
-            shared: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+def elastic(inst: Instance, current: Sequence[int], shared: Sequence[tuple[int, ...]],
+            jobs: Sequence[str | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The demand to plan with, and which flows were held back. A flow is held back when
     its current path (known) crosses a link at `FULL` or more of its capacity on which it
     carries about the largest rate or its fair share (`LARGEST`); it gets its max-min fair
     share of the arcs all its candidates share, every planned flow taken as elastic there
-    (what the unplanned ones leave). Every other flow keeps its measured demand. `shared[f]`: the arcs all of flow f's candidates share
+    (what the unplanned ones leave). A collective runs at its slowest link's pace, so a flow
+    of a job (`jobs[f]`) with a held-back flow is held back too when it runs at that pace or
+    faster. Every other flow keeps its measured demand. `shared[f]`: the arcs all of flow f's candidates share
     (`solver.Engine.splits`)."""
     d = inst.demand
     n = len(d)
@@ -86,6 +88,21 @@ def elastic(inst: Instance, current: Sequence[int],
     held[owner[hit]] = True
     if not held.any():
         return d, held
+    if jobs is not None:
+        # its other connections wait for the held ones and look limited by the application;
+        # planned at that pace, one placed beside a held flow fills the link once the job
+        # speeds up, and the next plan moves another (lab run V: three plans)
+        pace: dict[str, float] = {}
+        for f in np.flatnonzero(held).tolist():
+            j = jobs[f]
+            if j is not None:
+                pace[j] = min(pace.get(j, math.inf), float(d[f]))
+        if pace:
+            dl = d.tolist()
+            for f, j in enumerate(jobs):
+                at = pace.get(j) if j is not None else None
+                if at is not None and cur[f] >= 0 and dl[f] >= LARGEST * at:
+                    held[f] = True
     # every planned flow shares its shared arcs as if elastic (Hedera): a held flow's estimate
     # must not follow its siblings' measured rates, which change with the plan (lab: a
     # sibling moved onto an emptier link ran at the ring's pace, left the held flow the rest

@@ -587,7 +587,8 @@ class Planner:
             if self.cfg.elastic and job.held_back is None:
                 # the split is the engine's, kept between plans, which its state reuses
                 demand, back = elastic(b.inst, b.current,
-                                       [s[0] for s in self.engine.splits(b.inst.cand)])
+                                       [s[0] for s in self.engine.splits(b.inst.cand)],
+                                       [fl.job for fl in b.flows])
                 if job.noise is not None:
                     # as uncertain as the rate it came from: a young flow's estimate is all
                     # noise too (its ramp-up or stall alone never gets a plan applied)
