@@ -23,6 +23,7 @@ import bisect
 import json
 import math
 import random
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -1294,7 +1295,6 @@ class SimMeasurer:
     def __init__(self, sim: "Simulator", origin: float) -> None:
         self.sim = sim
         self.origin = origin  # the replay clock at simulated time 0 (lab/evaluate.clock_origin)
-        self.rng = random.Random(sim.cfg.seed * 7919 + 5)
         self.due: list[tuple[float, Any, Any]] = []
 
     def measure(self, leg: Any, count: int, now: float) -> bool:
@@ -1305,6 +1305,9 @@ class SimMeasurer:
         nic = sim.topo.hosts[host].nic(dev) if host in sim.topo.hosts else None
         if nic is None or sim._host_down(host, t0):
             return False
+        # each round its own draws: a leg's outcome must not depend on which other legs
+        # were asked (C4D adding a leg would reshuffle every other leg's losses)
+        rng = random.Random(zlib.crc32(f"{sim.cfg.seed}|{leg}|{now:.3f}".encode()))
         fab = f"{nic.leaf}-{leg.via}" if leg.ttl >= 2 else None
         hops = [(fab, "up"), (fab, "down")] if fab in sim.topo.links else []
         used = {(lk, d) for lk, d in hops
@@ -1316,7 +1319,7 @@ class SimMeasurer:
                    for f in sim.faults):
                 continue
             keep, rtt = 1.0, 2 * leg.ttl * PROBE_HOP_MS * math.exp(
-                self.rng.gauss(0.0, PROBE_JITTER))
+                rng.gauss(0.0, PROBE_JITTER))
             for lk, d in hops:
                 for f in sim.faults:
                     if f.target != lk or not f.active(t) or f.params.get("dir", "both") not in \
@@ -1325,14 +1328,14 @@ class SimMeasurer:
                     if f.kind == "lossy-link":
                         keep *= 1.0 - _loss(f, sim.cfg.slowdown)
                     elif f.kind == "slow-fabric" and (lk, d) in used and \
-                            self.rng.random() < QUEUE_DUTY:
-                        rtt += self.rng.uniform(*QUEUE_MS) * (
+                            rng.random() < QUEUE_DUTY:
+                        rtt += rng.uniform(*QUEUE_MS) * (
                             1 - 1 / float(f.params.get("x", sim.cfg.slowdown)))
                 for b0, b1, blk, bd, x in sim.bursts:
                     if blk == lk and bd == d and b0 <= t < b1:
                         keep *= 1.0 - BURST_PROBE_LOSS * (x - 1)
-                        rtt += self.rng.uniform(*QUEUE_MS) * (1 - 1 / x)
-            if self.rng.random() < keep:
+                        rtt += rng.uniform(*QUEUE_MS) * (1 - 1 / x)
+            if rng.random() < keep:
                 rtts.append(rtt)
         rtts.sort()
         q = (lambda p: round(rtts[min(len(rtts) - 1, int(p * len(rtts)))], 4)) if rtts else \

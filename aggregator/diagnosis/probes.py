@@ -416,7 +416,9 @@ class Measuring:
         legs = self._legs(topo, top.id.split("->") if top.kind == "path" else pair, cands, now)
         if len(legs) < 2:
             return f
-        for leg in legs:
+        bases = {leg: base for leg in legs if leg.ttl >= 2
+                 for base in [self._baseline(topo, leg)] if base is not None}
+        for leg in [*legs, *dict.fromkeys(b for b in bases.values() if b not in legs)]:
             st = self.legs.setdefault(leg, _Rounds())
             # an answer lost on the way (agent restarted) holds a leg for 3 rounds at most
             gap = ROUND_S * (0.75 + 0.5 * (st.n * GOLDEN % 1.0))
@@ -425,7 +427,7 @@ class Measuring:
                 st.n += 1
                 st.pending = self.measurer.measure(leg, MEASURE_COUNT, now)
         crossed = {leg: leg_links(topo, leg) for leg in legs}
-        verdict = self._verdict(cands, crossed)
+        verdict = self._verdict(cands, crossed, bases)
         if verdict is None:
             return f
         cable, signal = verdict
@@ -442,7 +444,7 @@ class Measuring:
         f.evidence["aliases"] = list(f.aliases)  # the named link is no alias of itself
         f.evidence["direction"] = f"towards {dirs[0]}" if len(dirs) == 1 else "both"
         f.evidence["probe"] = {"named": cable, "signal": signal, "legs": [
-            self._describe(leg, crossed[leg], cands) for leg in legs]}
+            self._describe(leg, crossed[leg], cands, bases.get(leg)) for leg in legs]}
         f.summary = renamed(f.summary, f.suspects[0], self.confidence)
         if signal == "down":
             leaf, via = (lk.a, lk.b) if topo.switches[lk.a].tier == "leaf" else (lk.b, lk.a)
@@ -525,6 +527,17 @@ class Measuring:
                      if not any(leg_links(topo, o) & c for c in cands.values())), None)
 
     @staticmethod
+    def _baseline(topo: Topology, leg: Leg) -> Leg | None:
+        """The TTL-1 leg from `leg`'s NIC to its own leaf: the RTT its access cable adds. Legs
+        of one TTL from different NICs differ by their access cables too (lab run X: a leg
+        from a host whose cable queued the ring's traffic, 5.0 ms p90 against 0.22, named a
+        healthy fabric link)."""
+        host, _, dev = leg.src.partition("/")
+        h = topo.hosts.get(host)
+        nic = h.nic(dev) if h else None
+        return Leg(leg.src, leg.dst, 1, nic.leaf) if nic is not None else None
+
+    @staticmethod
     def _beyond(topo: Topology, src: str, avoid: set[str]) -> str | None:
         """A NIC under another leaf than `src`'s: a leg's datagrams must leave the leaf (their
         hop at the TTL answers; the destination only sets the 5-tuple). Under none of the
@@ -568,13 +581,13 @@ class Measuring:
                   for n in h.nics if n.leaf == leaf]
         return min(found, key=lambda nic: nic in avoid, default=None)
 
-    def _verdict(self, cands: dict[str, frozenset[str]],
-                 crossed: dict[Leg, frozenset[str]]) -> tuple[str, str] | None:
+    def _verdict(self, cands: dict[str, frozenset[str]], crossed: dict[Leg, frozenset[str]],
+                 bases: dict[Leg, Leg]) -> tuple[str, str] | None:
         """(cable, down | loss | rtt) when exactly one candidate agrees with every leg that
         votes."""
         for signal, states in (("down", self._reach_states(crossed)),
                                ("loss", self._loss_states(crossed)),
-                               ("rtt", self._rtt_states(crossed))):
+                               ("rtt", self._rtt_states(crossed, bases))):
             if "bad" not in states.values():
                 continue
             fits = [c for c, comps in cands.items()
@@ -643,30 +656,42 @@ class Measuring:
                 out[leg] = "bad"
         return out
 
-    def _rtt_states(self, crossed: dict[Leg, frozenset[str]]) -> dict[Leg, str | None]:
-        p90: dict[Leg, float] = {}
-        for leg in crossed:
-            xs = sorted(r.rtt_p90_ms for r in self._rounds(leg) if r.rtt_p90_ms is not None)
-            if len(xs) >= RTT_ROUNDS:
-                p90[leg] = xs[(len(xs) - 1) // 2]
+    def _p90(self, leg: Leg) -> float | None:
+        """The lower median of a leg's rounds' p90 RTT, once it has RTT_ROUNDS."""
+        xs = sorted(r.rtt_p90_ms for r in self._rounds(leg) if r.rtt_p90_ms is not None)
+        return xs[(len(xs) - 1) // 2] if len(xs) >= RTT_ROUNDS else None
+
+    def _rtt_states(self, crossed: dict[Leg, frozenset[str]],
+                    bases: dict[Leg, Leg]) -> dict[Leg, str | None]:
+        """A leg bad whose p90 is RTT_RATIO times and RTT_MIN_MS above the best other leg of
+        its TTL's, and as far above its own NIC's TTL-1 leg's (`bases`: the hop, not its
+        access cable, adds it); good within RTT_CLEAN of the best."""
+        p90 = {leg: v for leg in crossed for v in [self._p90(leg)] if v is not None}
         out: dict[Leg, str | None] = dict.fromkeys(crossed)
         for leg, v in p90.items():
             peers = [w for o, w in p90.items() if o.ttl == leg.ttl and o != leg]
             if not peers:
                 continue
             best = min(peers)
+            # a baseline never answered (a replay of a run that did not ask for it) is none
+            base = self._p90(bases[leg]) if leg in bases and self._rounds(bases[leg]) else 0.0
             if v >= RTT_RATIO * best and v - best >= RTT_MIN_MS:
-                out[leg] = "bad"
+                if base is not None and v >= RTT_RATIO * base and v - base >= RTT_MIN_MS:
+                    out[leg] = "bad"
             elif v <= RTT_CLEAN * min(peers + [v]):
                 out[leg] = "good"
         return out
 
-    def _describe(self, leg: Leg, links: frozenset[str],
-                  cands: dict[str, frozenset[str]]) -> dict[str, Any]:
+    def _describe(self, leg: Leg, links: frozenset[str], cands: dict[str, frozenset[str]],
+                  base: Leg | None) -> dict[str, Any]:
         rs = self._rounds(leg)
         p90 = sorted(r.rtt_p90_ms for r in rs if r.rtt_p90_ms is not None)
-        return {"src": leg.src, "ttl": leg.ttl, "via": leg.via, "rounds": len(rs),
-                "sent": sum(r.sent for r in rs),
-                "lost": sum(r.sent - r.answered for r in rs),
-                "rtt_p90_ms": round(p90[(len(p90) - 1) // 2], 3) if p90 else None,
-                "crosses": sorted(c for c, comps in cands.items() if links & comps)}
+        out = {"src": leg.src, "ttl": leg.ttl, "via": leg.via, "rounds": len(rs),
+               "sent": sum(r.sent for r in rs),
+               "lost": sum(r.sent - r.answered for r in rs),
+               "rtt_p90_ms": round(p90[(len(p90) - 1) // 2], 3) if p90 else None,
+               "crosses": sorted(c for c, comps in cands.items() if links & comps)}
+        if base is not None:
+            b = self._p90(base)
+            out["access_p90_ms"] = None if b is None else round(b, 3)
+        return out

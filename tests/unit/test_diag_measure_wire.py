@@ -56,7 +56,7 @@ def measured(seconds: int, lost: Callable[[str, int, str], int],
         for host, kind, body in diag.take_outbox():
             assert kind == "probe"
             [p] = validate_body("probe", body)["probes"]
-            ttl, via = p["measure"]["ttl"], p["measure"]["via"][0]
+            ttl, via = p["measure"]["ttl"], p["measure"].get("via", [""])[0]
             n = lost(host, ttl, via)
             asked[(host, ttl)] = asked.get((host, ttl), 0) + 1
             seq += 1
@@ -71,7 +71,9 @@ def measured(seconds: int, lost: Callable[[str, int, str], int],
 
 def test_probe_frames_out_and_results_in_name_the_link():
     f, asked = measured(40, lambda host, ttl, via: 2 if host == "node001" else 0)
-    assert asked and set(asked) == {("node000", 2), ("node001", 2)}
+    # each fabric leg with its NIC's leg to its leaf (the access cable's RTT)
+    assert asked and set(asked) == {("node000", 2), ("node001", 2), ("node000", 1),
+                                    ("node001", 1)}
     assert max(asked.values()) <= 40 / 3 + 1  # one round per leg every 3-5 s
     assert f.top is not None and (f.top.kind, f.top.id) == ("link", "leaf01-spine00")
     assert f.top.confidence >= 0.8
@@ -132,8 +134,10 @@ def reach_rounds(seconds: int, gone: Callable[[str], dict[str, object] | None]
             [p] = validate_body("probe", body)["probes"]
             dsts[host] = p["dst"]
             count = p["measure"]["count"]
-            entry = gone(host) or {"hops": [None, p["measure"]["via"][0]], "sent": count,
-                                   "answered": count, "rtt_us": [300, 500, 900]}
+            ttl = p["measure"]["ttl"]  # 1: the leg's access baseline (answered clean)
+            entry = (gone(host) if ttl == 2 else None) or {
+                "hops": [None] * (ttl - 1) + [p["measure"].get("via", [None])[0]],
+                "sent": count, "answered": count, "rtt_us": [300, 500, 900]}
             result = validate_body("probe_result", {"probe_id": body["probe_id"], "results": [
                 {"id": p["id"], "sport": p["sports"][0], "reached": False, **entry}]})
             diag.observe(Frame("probe_result", host, "b1", seq, float(t), result), t + 0.5)
@@ -244,3 +248,41 @@ def test_a_leg_without_a_peer_of_its_ttl_is_timed_against_a_control_leg():
     assert (probe.get("named"), probe.get("signal")) == ("leaf01-spine00", "rtt"), f.summary
     assert {(leg["via"], tuple(leg["crosses"])) for leg in probe["legs"] if leg["ttl"] == 2} \
         == {("spine00", ("leaf01-spine00",)), ("spine01", ())}
+
+
+def across_spine01() -> Finding:
+    """Lab run X: loss counted on connections node000 -> node002 through spine01, tying
+    leaf00's uplink to it with leaf01's downlink from it."""
+    return Finding(
+        "comm_slow", "job", "c1",
+        [Suspect("path", "node000->node002", None, None, 0.49),
+         Suspect("link", "leaf00-spine01", None, None, 0.25),
+         Suspect("link", "leaf01-spine01", None, None, 0.25)],
+        "loss on one path", {"candidate_links": {
+            "leaf00-spine01": "towards spine01 (the only direction with traffic)",
+            "leaf01-spine01": "towards leaf01 (the only direction with traffic)"}}, 90.0)
+
+
+def test_a_leg_slow_in_its_own_access_cable_names_no_fabric_link():
+    """Run X: node002's cable queued the ring's traffic, so its leg to spine01 took 5.0 ms
+    (p90) against node000's 0.22 ms and the probes named leaf01-spine01, which was healthy
+    (the slow link was leaf01-spine00). Its own leg to leaf01 takes as long: the access cable,
+    not the hop."""
+    f, asked = measured(40, lambda host, ttl, via: 0, across_spine01, two_per_leaf(),
+                        lambda host, ttl, via: 5220 if host == "node002" else 220)
+    assert ("node002", 1) in asked and ("node002", 2) in asked, asked
+    assert "probe" not in f.evidence, f.evidence.get("probe")
+    assert f.top is not None and f.top.kind == "path"
+
+
+def test_a_slow_hop_is_named_above_a_queued_access_cable():
+    # the same cable queueing, and the hop from leaf01 to spine01 slower still
+    spine01 = "10.9.3.1"
+    f, _ = measured(40, lambda host, ttl, via: 0, across_spine01, two_per_leaf(),
+                    lambda host, ttl, via: 5220 + (20000 if ttl == 2 and via == spine01 and
+                                                   host == "node002" else 0)
+                    if host == "node002" else 220)
+    probe = f.evidence.get("probe", {})
+    assert (probe.get("named"), probe.get("signal")) == ("leaf01-spine01", "rtt"), f.summary
+    [leg] = [leg for leg in probe["legs"] if leg["src"] == "node002/mlx5_0"]
+    assert leg["access_p90_ms"] == 5.22 and leg["rtt_p90_ms"] == 25.22
