@@ -562,8 +562,8 @@ class Planner:
         held_back = None
         if self.cfg.elastic and replan:
             # the last full plan's estimate: a re-plan restores what that plan reached, from
-            # the same demands, within `replan_budget_s` (estimating again costs ~50 ms at
-            # 32,000 flows)
+            # the same demands, within `replan_budget_s` (estimating again took a 32,768-flow
+            # re-plan from 81 to 224 ms: docs/planning.md)
             est = self.held_back
             b.inst = dataclasses.replace(b.inst, demand=np.fromiter(
                 (est.get(k, x) for k, x in zip(b.keys, b.inst.demand.tolist())),

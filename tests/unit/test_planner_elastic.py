@@ -20,7 +20,7 @@ from c4.aggregator.planner.service import Planner
 from c4.aggregator.planner.solver import Instance
 from c4.core.topology import Topology
 
-from .test_planner_service import frame, hello
+from .test_planner_service import frame, hello, topo_with_addresses, trace
 
 G = 1e9 / 8  # bytes/s in a Gbit/s
 
@@ -108,12 +108,8 @@ class ElasticFabric:
                 for pr in body["probes"]:
                     dst = self.host_of[pr["dst"]]
                     for sp in pr["sports"]:
-                        path = self.t.ecmp_path(self.ep(host), self.ep(dst), "tcp", sp, 29500)
-                        hops = [self.t.switches[self.t.links[lid].b if fwd else
-                                                self.t.links[lid].a].addrs[0]
-                                for lid, fwd in self.t.orient(self.ep(host), path[:-1])]
                         results.append({"id": pr["id"], "sport": sp, "reached": True,
-                                        "hops": hops})
+                                        "hops": trace(self.t, self.ep(host), self.ep(dst), sp)})
                 p.observe(frame("probe_result", host, {"probe_id": body["probe_id"],
                                                        "results": results}), now)
             elif kind == "plan":
@@ -131,23 +127,12 @@ class ElasticFabric:
         return len(plans)
 
 
-def fabric() -> Topology:
-    """8 hosts, 2 per leaf, 2 spines, uplinks 2:1 oversubscribed: the spines are the
-    bottleneck, and where flows collide decides every connection's rate."""
-    t = Topology.clos(8, 1, hosts_per_leaf=2, spines=2, oversubscription=2.0)
-    for i, name in enumerate(t.switches):
-        t.switches[name].addrs = [f"10.255.0.{i + 1}"]
-    for i, h in enumerate(sorted(t.hosts)):
-        t.hosts[h].nics[0].addr = f"10.0.0.{i + 1}"
-    t._addrs = None
-    return t
-
-
 def run(seed: int, seconds: int = 900, noise: float = 0.1, lockstep: bool = False,
         **cfg: object) -> tuple[int, ElasticFabric]:
     """A ring job: each host two connections to the host two ahead (the next leaf), on
     random ports; periodic plans applied automatically. Returns the plans applied."""
-    t = fabric()
+    # 8 hosts, 2 per leaf, 2:1: where flows collide decides every connection's rate
+    t = topo_with_addresses(8)
     hosts = sorted(t.hosts)
     rng = random.Random(seed)
     conns = []

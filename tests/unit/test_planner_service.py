@@ -15,10 +15,10 @@ from c4.core.topology import Topology
 from c4.core.wire import Frame
 
 
-def topo_with_addresses() -> Topology:
-    """4 hosts on 2 leaves, 2 spines, 2:1 oversubscribed (the fabric is the bottleneck);
-    every switch answers probes from a loopback."""
-    t = Topology.clos(4, 1, hosts_per_leaf=2, spines=2, oversubscription=2.0)
+def topo_with_addresses(hosts: int = 4) -> Topology:
+    """`hosts` hosts, 2 per leaf, 2 spines, 2:1 oversubscribed (the fabric is the
+    bottleneck); every switch answers probes from a loopback."""
+    t = Topology.clos(hosts, 1, hosts_per_leaf=2, spines=2, oversubscription=2.0)
     for i, name in enumerate(t.switches):
         t.switches[name].addrs = [f"10.255.0.{i + 1}"]
     for i, h in enumerate(sorted(t.hosts)):
