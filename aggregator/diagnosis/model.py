@@ -211,6 +211,8 @@ class Comm:
         self.slow_named: dict[str, tuple[list[tuple[int, int]], frozenset[str], float]] = {}
         # (kind, id) -> (first, last) evaluation of its run of marginal findings (slow.py)
         self.marginal_runs: dict[tuple[str, str], tuple[float, float]] = {}
+        # a connection is slow per report: it sets the pace (slow.py, _marginal)
+        self.paced = False
 
     def hosts(self) -> list[str]:
         return sorted({r.host for r in self.ranks.values()})

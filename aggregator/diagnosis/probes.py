@@ -118,7 +118,10 @@ WINDOW_S = 60.0  # rounds older than this no longer vote
 MIN_ROUNDS = 2  # rounds a leg needs before it votes
 MIN_LOST = 3  # lost datagrams, in at least MIN_ROUNDS rounds, before a leg is lossy ...
 HOLD_S = 8.0  # ... the first and last of them this far apart: another tenant's burst is shorter
-RTT_ROUNDS = 4  # rounds before RTT votes: its lower median ignores two a burst could cover
+# RTT votes from rounds no burst covers all of: MIN_ROUNDS rounds HOLD_S apart (their lowest
+# p90), or RTT_ROUNDS rounds (their lower median ignores two a burst could cover). Counting
+# rounds alone waited 35 s in the lab, where a slow leg's round kept its prober busy 6.5 s.
+RTT_ROUNDS = 4
 BACKGROUND_LOSS = 1e-4  # what a healthy leg loses (answers a router's ICMP policer drops)
 P_LOSSY = 1e-3  # a leg is lossy when background loss this unlikely explains its losses
 P_CLEAN = 1e-2  # ... and clean when the lossy legs' rate this unlikely gives its few losses
@@ -656,10 +659,17 @@ class Measuring:
                 out[leg] = "bad"
         return out
 
-    def _p90(self, leg: Leg) -> float | None:
-        """The lower median of a leg's rounds' p90 RTT, once it has RTT_ROUNDS."""
-        xs = sorted(r.rtt_p90_ms for r in self._rounds(leg) if r.rtt_p90_ms is not None)
-        return xs[(len(xs) - 1) // 2] if len(xs) >= RTT_ROUNDS else None
+    def _p90(self, leg: Leg, high: bool = False) -> float | None:
+        """A leg's p90 RTT over its rounds once they outlast a burst (above): their lower
+        median, or with fewer than RTT_ROUNDS their lowest; `high`: their upper median or
+        highest (what a baseline is taken as: it may only keep a leg from voting)."""
+        timed = [(t, r.rtt_p90_ms) for t, r in self._timed(leg) if r.rtt_p90_ms is not None]
+        n = len(timed)
+        if n < RTT_ROUNDS and (n < MIN_ROUNDS or timed[-1][0] - timed[0][0] < HOLD_S):
+            return None
+        xs = sorted(v for _, v in timed)
+        k = (n - 1) // 2 if n >= RTT_ROUNDS else 0
+        return xs[n - 1 - k] if high else xs[k]
 
     def _rtt_states(self, crossed: dict[Leg, frozenset[str]],
                     bases: dict[Leg, Leg]) -> dict[Leg, str | None]:
@@ -674,7 +684,8 @@ class Measuring:
                 continue
             best = min(peers)
             # a baseline never answered (a replay of a run that did not ask for it) is none
-            base = self._p90(bases[leg]) if leg in bases and self._rounds(bases[leg]) else 0.0
+            base = self._p90(bases[leg], high=True) if leg in bases and \
+                self._rounds(bases[leg]) else 0.0
             if v >= RTT_RATIO * best and v - best >= RTT_MIN_MS:
                 if base is not None and v >= RTT_RATIO * base and v - base >= RTT_MIN_MS:
                     out[leg] = "bad"
@@ -692,6 +703,6 @@ class Measuring:
                "rtt_p90_ms": round(p90[(len(p90) - 1) // 2], 3) if p90 else None,
                "crosses": sorted(c for c, comps in cands.items() if links & comps)}
         if base is not None:
-            b = self._p90(base)
+            b = self._p90(base, high=True)
             out["access_p90_ms"] = None if b is None else round(b, 3)
         return out

@@ -245,3 +245,41 @@ def test_a_ring_stalled_by_loss_is_named_by_measuring_the_stuck_pairs_cables(tmp
     assert named[0]["evidence"]["probe"]["named"] == "leaf00-spine00"
     onset = truth["epoch"] + truth["faults"][0]["start"]
     print(f"named {named[0]['localised'] - onset:.1f} s after the onset")
+
+
+def _slow_replay(name: str, tmp_path):
+    from c4.aggregator.config import AggregatorConfig
+    from c4.aggregator.diagnosis.probes import RecordedMeasurer
+    from c4.core.topology import Topology
+    from tests.unit.test_diag_outage import LAB, unpack
+
+    rec, truth = unpack(name, tmp_path)
+    topo = Topology.load(LAB / "topology.json")
+    incidents = replay(rec, cfg=AggregatorConfig(diagnosis=truth["diagnosis"]), topology=topo,
+                       measurer=RecordedMeasurer(topo)).incidents
+    return incidents, truth["epoch"] + truth["faults"][0]["start"]
+
+
+def test_a_slow_link_whose_legs_keep_the_prober_busy_is_named_within_30_s(tmp_path):
+    """23-slow-leaf03-spine01-measured (lab run Y: 10 Mbit/s on a link only node005 ->
+    node007 crossed, C4P not applying). The legs through it queued 38 ms and a round of one
+    kept its agent's prober busy 6.5 s, so RTT, which waited for 4 rounds of each leg, named
+    the link 45 s after the fault (live 45.2 s): over the 30 s target."""
+    incidents, onset = _slow_replay("23-slow-leaf03-spine01-measured", tmp_path)
+    named = [i for i in incidents if i["localised"]]
+    assert [i["suspects"][0]["id"] for i in named] == ["leaf03-spine01"], \
+        [i["summary"] for i in incidents]
+    assert named[0]["evidence"]["probe"]["signal"] == "rtt"
+    assert named[0]["localised"] - onset <= 30
+
+
+def test_connections_paced_by_a_slow_link_name_no_other_link(tmp_path):
+    """24-slow-leaf03-spine01-pace (lab run X, the same fault): from 35 s on, the ring paced
+    by the slow connection moved two connections leaf01 -> leaf00 at 1.6x their load share
+    for 20 reports, and the marginal rule named leaf00-spine01 (a second incident once the
+    slow link was named; in the slow link's own incident while it was a path)."""
+    incidents, _ = _slow_replay("24-slow-leaf03-spine01-pace", tmp_path)
+    assert {i["suspects"][0]["id"] for i in incidents if i["localised"]} == \
+        {"leaf03-spine01"}, [i["summary"] for i in incidents]
+    assert all("leaf00-spine01" not in i["summary"] for i in incidents), \
+        [i["summary"] for i in incidents]

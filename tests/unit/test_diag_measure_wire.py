@@ -4,7 +4,7 @@ here are what the agent sends (tests/unit/test_agent_measure.py makes them with 
 node001's leg loses a few datagrams every round, node000's none."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from c4.aggregator.config import AggregatorConfig
 from c4.aggregator.diagnosis.findings import Finding, Suspect
@@ -40,32 +40,47 @@ def path_finding(path: str = "node000->node001") -> Finding:
 
 def measured(seconds: int, lost: Callable[[str, int, str], int],
              finding: Callable[[], Finding] = path_finding, topo: Topology | None = None,
-             p90_us: Callable[[str, int, str], int] = lambda host, ttl, via: 500
+             p90_us: Callable[[str, int, str], int] = lambda host, ttl, via: 500,
+             busy_s: Callable[[str, int, str], float] | None = None,
+             named: list[float] | None = None,
              ) -> tuple[Finding, dict[tuple[str, int], int]]:
     """The finding after `seconds` of ticks in which the agents answer every measuring
     probe, the leg of host `h` with TTL `ttl` to the switch at `via` losing `lost(h, ttl, via)`
-    datagrams of the round, its RTT p90 `p90_us(h, ttl, via)`: (the finding, rounds per leg)."""
+    datagrams of the round, its RTT p90 `p90_us(h, ttl, via)`: (the finding, rounds per leg).
+    `busy_s`: the seconds a round of that leg keeps its agent's one prober busy (answers at
+    once without); `named`: gets the seconds from the start at which the finding named a link
+    from the legs."""
     core = build_core(AggregatorConfig(), db_path=":memory:", topology=topo or fabric())
     diag = core.diagnosis
     asked: dict[tuple[str, int], int] = {}
     seq = 0
     f = finding()
+    free: dict[str, float] = {}  # host -> when its prober is free
+    due: list[tuple[float, str, dict[str, Any]]] = []
     for t in range(100, 100 + seconds):
         diag.tick(float(t))
         f = diag.measuring.resolve(finding(), float(t))
+        if named is not None and "probe" in f.evidence:
+            named.append(t - 100.0)
         for host, kind, body in diag.take_outbox():
             assert kind == "probe"
             [p] = validate_body("probe", body)["probes"]
             ttl, via = p["measure"]["ttl"], p["measure"].get("via", [""])[0]
             n = lost(host, ttl, via)
             asked[(host, ttl)] = asked.get((host, ttl), 0) + 1
-            seq += 1
             result = validate_body("probe_result", {"probe_id": body["probe_id"], "results": [{
                 "id": p["id"], "sport": p["sports"][0], "hops": [None] * (ttl - 1) + [via],
                 "reached": False, "sent": p["measure"]["count"],
                 "answered": p["measure"]["count"] - n,
                 "rtt_us": [300, p90_us(host, ttl, via), 900]}]})
-            diag.observe(Frame("probe_result", host, "b1", seq, float(t), result), t + 0.5)
+            end = float(t)
+            if busy_s is not None:
+                end = free[host] = max(float(t), free.get(host, 0.0)) + busy_s(host, ttl, via)
+            due.append((end, host, result))
+        for item in [d for d in due if d[0] <= t]:
+            due.remove(item)
+            seq += 1
+            diag.observe(Frame("probe_result", item[1], "b1", seq, float(t), item[2]), t + 0.5)
     return f, asked
 
 
@@ -286,3 +301,20 @@ def test_a_slow_hop_is_named_above_a_queued_access_cable():
     assert (probe.get("named"), probe.get("signal")) == ("leaf01-spine01", "rtt"), f.summary
     [leg] = [leg for leg in probe["legs"] if leg["src"] == "node002/mlx5_0"]
     assert leg["access_p90_ms"] == 5.22 and leg["rtt_p90_ms"] == 25.22
+
+
+def test_a_leg_slow_enough_to_keep_its_prober_busy_is_named_within_the_link_target():
+    """Lab run Y (leaf03-spine01 at 10 Mbit/s, one leaf pair's): the legs to spine01 from under
+    leaf03 queued 38 ms (p90) against 0.14-0.2 ms elsewhere, and a round of such a leg kept
+    its agent's one prober busy 6.5 s (its TTL-1 leg 2 s), so its rounds came 8.5 s apart.
+    RTT voted after 4 rounds: named 35 s after the first leg was asked (45 s after the fault).
+    Two rounds longer apart than a burst (HOLD_S) settle it as well."""
+    slow = "10.9.3.1"  # spine01 (sorted switches: leaf00, leaf01, spine00, spine01)
+    at: list[float] = []
+    f, _ = measured(50, lambda host, ttl, via: 0, across_spine01, two_per_leaf(),
+                    lambda host, ttl, via: 38000 if via == slow and host == "node002" else 200,
+                    busy_s=lambda host, ttl, via: 6.5 if via == slow and host == "node002"
+                    else 2.0, named=at)
+    probe = f.evidence.get("probe", {})
+    assert (probe.get("named"), probe.get("signal")) == ("leaf01-spine01", "rtt"), f.summary
+    assert at and at[0] <= 20, at
