@@ -225,9 +225,15 @@ def name(top: Hypothesis, path: str | None = None,
             sus.append(Suspect(h.kind, key.partition(":")[2], h.host, None, h.posterior))
     keys = [f"{top.kind}:{top.id}"] + top.aliases
     aliases = tuple(dict.fromkeys(k for k in map(public_key, top.aliases) if k not in seen))
+    # links the evidence holds exactly as likely as the top's group (other connections, the
+    # same bad cells: lab run Z, two leaf pairs' receivers counting loss, one pair through
+    # each spine) are candidates too: probes measure them all
+    tied = [h for h in top.rivals if h.kind == "link" and
+            h.posterior * h.split >= top.posterior * top.split * (1 - 1e-9)]
+    rival_keys = [k for h in tied for k in [f"{h.kind}:{h.id}", *h.aliases]]
     towards: dict[str, list[str]] = {}
     cables: list[str] = []
-    for k in keys:
+    for k in keys + rival_keys:
         kind, _, cid = k.partition(":")
         link, to = link_name(cid)
         if kind == "link" and link not in towards:
@@ -238,7 +244,7 @@ def name(top: Hypothesis, path: str | None = None,
     ev: dict[str, Any] = {"aliases": list(aliases)}
     if top.kind == "link":
         ev["direction"] = _direction(top.id, towards[link_name(top.id)[0]])
-    if top.split > 1 and cables:
+    if (top.split > 1 or tied) and cables:
         ev["candidate_links"] = {lk: _direction(lk, towards[lk]) for lk in cables}
     if top.split > 1 and path is not None:
         sus.insert(0, Suspect("path", path, None, None, top.posterior))

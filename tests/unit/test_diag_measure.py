@@ -283,3 +283,37 @@ def test_connections_paced_by_a_slow_link_name_no_other_link(tmp_path):
         {"leaf03-spine01"}, [i["summary"] for i in incidents]
     assert all("leaf00-spine01" not in i["summary"] for i in incidents), \
         [i["summary"] for i in incidents]
+
+
+class SlowLink(LossyLink):
+    """The agents' measurements where one cable queues what crosses it (38 ms p90, lab run
+    Y's tbf at 10 Mbit/s) and nothing else does (0.2 ms)."""
+
+    def measure(self, leg, count: int, now: float) -> bool:
+        from c4.aggregator.diagnosis.probes import LegResult, leg_links
+
+        slow = any(c.startswith(f"{self.cable}=>") for c in leg_links(self.topo, leg))
+        self.due.append((now + 2.0, leg, LegResult(count, count, 0.1, 38.0 if slow else 0.2)))
+        return True
+
+
+def test_a_tie_between_two_leaf_pairs_measures_both(tmp_path):
+    """25-slow-leaf01-spine00-tie (lab run Z: leaf01-spine00 at 10 Mbit/s, C4P not applying).
+    node002 and node003 counted loss on receive; each receives from leaf00 through spine01
+    (0->2, 1->3) and from leaf02 through spine00 (5->2, 4->3, the slowed ones), so
+    leaf01-spine00 explains them exactly as well as the two cables to spine01 together. Only
+    those two were candidates: the legs measured them, found nothing, and the link was
+    named 34.5 s after the fault (by the outage detector). Every link tied with the top is
+    a candidate now."""
+    from c4.aggregator.config import AggregatorConfig
+    from c4.core.topology import Topology
+    from tests.unit.test_diag_outage import LAB, unpack
+
+    rec, truth = unpack("25-slow-leaf01-spine00-tie", tmp_path)
+    topo = Topology.load(LAB / "topology.json")
+    incidents = replay(rec, cfg=AggregatorConfig(diagnosis=truth["diagnosis"]), topology=topo,
+                       measurer=SlowLink(topo, "leaf01-spine00", 0.0)).incidents
+    named = [i for i in incidents if i["localised"]]
+    assert [i["suspects"][0]["id"] for i in named] == ["leaf01-spine00"], \
+        [i["summary"] for i in incidents]
+    assert named[0]["localised"] - (truth["epoch"] + truth["faults"][0]["start"]) <= 30
