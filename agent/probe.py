@@ -30,7 +30,8 @@ loses or delays packets. The agent picks the first of the given ports whose hop 
 answers from one of `via` (the switch's addresses; any when none are given), then sends `count`
 datagrams on that one 5-tuple with that TTL, one at a time, each waiting up to `answer_timeout`
 for its answer from that hop: they cross the links up to it and the answers the links back,
-nothing else. It reports sent, answered and RTT percentiles. Routers generate these answers on
+nothing else; a round stops at 1.5 times the time its pace takes (a slow hop's answers come
+late). It reports sent, answered and RTT percentiles. Routers generate these answers on
 their CPU and police them (CoPP), so the rate is the same token bucket as traces, and an
 answer policed away reads as a lost datagram: C4D compares legs, it never reads one leg's loss
 alone.
@@ -60,6 +61,10 @@ ROCE_DPORT = 4791
 # 1000/s per router), and two legs usually stop at the same spine; faster, the policer's drops
 # read as loss on both legs (the lab lost 3 % of answers at 500/s a leg).
 MEASURE_PPS = 200.0
+# ... and a round ends after this many times the time `count` datagrams take at that pace: each
+# waits for its answer, so a leg through a queue of tens of ms kept the agent's one prober
+# busy 6-13 s a round in the lab, and the next legs' rounds (and verdicts) waited
+MEASURE_STRETCH = 1.5
 DISTANCE_DPORT = 33434  # traceroute's first port: closed on ordinary hosts
 MSG_ERRQUEUE = 0x2000
 IP_RECVERR = 11
@@ -346,7 +351,8 @@ class Prober:
                 answer_timeout: float = 0.1, pps: float = MEASURE_PPS) -> Measurement:
         """`count` datagrams on the first of `sports` whose hop at `ttl` answers from `via`
         (any hop when empty; the destination itself when it is that close), at most `pps` a
-        second. A datagram whose answer does not come within `answer_timeout` is lost (a queue
+        second, for at most MEASURE_STRETCH times what that pace takes (`sent` says how many
+        went). A datagram whose answer does not come within `answer_timeout` is lost (a queue
         that long is as bad)."""
         m = Measurement(sports[0] if sports else 0)
         pace = TokenBucket(pps, 1.0, self.clock, self.bucket.sleep)
@@ -362,7 +368,10 @@ class Prober:
                         m.elsewhere += first is not None
                         continue  # another path, or silence: the next port
                     m.hop = first[0]
+                    until = self.clock() + MEASURE_STRETCH * count / pps
                     for seq in range(1, count + 1):
+                        if self.clock() >= until:
+                            break
                         pace.take()
                         got = self._ping(s, dst, dport, seq, answer_timeout)
                         m.sent += 1

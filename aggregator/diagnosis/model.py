@@ -159,7 +159,7 @@ class Cell(SlowWindow):
     """One rank -> peer send connection of a communicator (all channels together)."""
 
     __slots__ = ("src", "dst", "value", "slow_value", "seen", "path", "comps", "tag", "devs",
-                 "share", "units", "first_excess")
+                 "share", "units", "first_excess", "hot")
 
     def __init__(self, src: int, dst: int) -> None:
         super().__init__()
@@ -181,6 +181,8 @@ class Cell(SlowWindow):
         # how far its devs' median stood above the job's median cell when it first had enough
         # of them (slow.py's marginal test measures slowness that arrived since)
         self.first_excess: float | None = None
+        # persistently slow per report since its marginal history was last cleared
+        self.hot = False
 
     def restart(self) -> None:
         super().restart()
@@ -211,8 +213,6 @@ class Comm:
         self.slow_named: dict[str, tuple[list[tuple[int, int]], frozenset[str], float]] = {}
         # (kind, id) -> (first, last) evaluation of its run of marginal findings (slow.py)
         self.marginal_runs: dict[tuple[str, str], tuple[float, float]] = {}
-        # a connection is slow per report: it sets the pace (slow.py, _marginal)
-        self.paced = False
 
     def hosts(self) -> list[str]:
         return sorted({r.host for r in self.ranks.values()})

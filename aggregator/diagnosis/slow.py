@@ -65,12 +65,18 @@ class SlowDetector:
                 continue
             center, sigma = expected(comm, cell)
             dev = math.log(cell.value) - center
-            if not comm.paced:
-                cell.devs.append(dev)
+            cell.devs.append(dev)
             slow = dev >= max(math.log(self.cfg.slow_ratio), self.cfg.slow_z * sigma)
             if slow:
                 cell.slow_value = cell.value
             cell.push(slow, now, self.mask)
+            if cell.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s):
+                cell.hot = True
+            elif cell.hot and not cell.streak:
+                # persistently slow per report, now healed: those reports were the per-report
+                # test's evidence; kept, their medians named its host after a heal (c4 sim)
+                cell.hot = False
+                cell.devs.clear()
 
     def tick(self, comm: Comm, now: float) -> list[Finding]:
         window = FRESH_INTERVALS * comm.interval
@@ -201,26 +207,26 @@ class SlowDetector:
         or the job's, whichever is larger), and most of its reports are above it (a burst of
         congestion lifts a few reports a lot; a slow NIC lifts all of them a little). Spoken
         only when the vote names a component: an elevated lone connection is not a fault."""
-        # A connection slow per report sets the job's pace, so the other cells no longer
-        # measure their own links (lab: leaf03-spine01 at 10 Mbit/s lifted two connections
-        # leaf01 -> leaf00 to 1.6x their share, and leaf00-spine01 was named beside it), and
-        # its own reports are the per-report test's evidence (kept, their medians named its
-        # host after a heal). Those reports are left out of every cell's history: a fault this
-        # slight is judged on the reports before and after.
-        comm.paced = any(c.persistent(self.cfg.slow_persist, self.cfg.slow_hold_s)
-                         for c in fresh)
-        if comm.paced:
-            return []
         meds = {(c.src, c.dst): (median(list(c.devs)), c) for c in fresh
                 if len(c.devs) >= MARGINAL_MIN_REPORTS}
         if len(meds) < self.cfg.min_cells:
             return []
         center = median([m for m, _ in meds.values()])
+        for med, c in meds.values():
+            if c.first_excess is None:
+                c.first_excess = med - center
+        # A connection slow in slow_persist of its last reports sets the job's pace, so the
+        # other cells no longer measure their own links (lab: leaf03-spine01 at 10 Mbit/s
+        # lifted two connections leaf01 -> leaf00 to 1.6x their share for 20 reports, and
+        # leaf00-spine01 was named beside it; the per-report hold, whose span the paced
+        # job's moving expectation breaks now and then, was too strict a test of it). A
+        # fault this slight is judged once that one heals; its own slow reports are not in
+        # its history (on_report: after a heal their medians named its host).
+        if any(c.streak >= self.cfg.slow_persist for c in fresh):
+            return []
         bad: set[Hashable] = set()
         cells: dict[Hashable, list[localise.Component]] = {}
         for key, (med, c) in meds.items():
-            if c.first_excess is None:
-                c.first_excess = med - center
             if c.streak:
                 continue  # slow now: the per-report detector's, evidence of neither here
             devs = list(c.devs)
@@ -231,7 +237,7 @@ class SlowDetector:
             # what arrived since it was first judged: a link the job's own traffic loads most
             # waits longest from the start (the 16-host lab's ring: its busiest link's
             # connections 3-4x what their load share predicts, from the first report)
-            excess = med - center - max(0.0, c.first_excess)
+            excess = med - center - max(0.0, c.first_excess or 0.0)  # set above
             if excess >= thr and above >= MARGINAL_ABOVE:
                 bad.add(key)
             elif excess >= thr / 2:

@@ -102,3 +102,27 @@ def test_no_request_without_the_spines_address():
     m = AgentMeasurer(topo)
     assert not m.measure(Leg("node000/mlx5_0", "node001/mlx5_0", 2, "spine00"), 30, 100.0)
     assert m.take_outbox() == []
+
+
+def test_a_slow_hop_ends_the_round_on_time():
+    """Lab run AA: a leg through a link at 10 Mbit/s answered in 38 ms (p90); each datagram
+    waits for its answer, so 400 kept the agent's one prober busy 6-13 s and its other legs
+    waited. A round now stops at 1.5 times what its pace takes (400 at 200/s: 3 s), reporting
+    what it sent."""
+    t = [0.0]
+
+    def sleep(dt: float) -> None:
+        t[0] += dt
+
+    prober = Prober(rate=2000.0, burst=50.0, clock=lambda: t[0], sleep=sleep)
+
+    def ping(s, dst, dport, seq, timeout):
+        t[0] += 0.038  # the hop's answer, 38 ms later
+        return ("127.0.0.1", 0.038)
+
+    prober._ping = ping  # type: ignore[method-assign]
+    m = prober.measure("127.0.0.1", [free_port()], ttl=2, count=400, dport=free_port(),
+                       src="127.0.0.1")
+    assert m.error is None and m.sent == m.answered
+    assert 60 <= m.sent <= 80, m.sent  # 3 s of 38 ms answers
+    assert t[0] <= 3.1
