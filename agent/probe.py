@@ -61,9 +61,10 @@ ROCE_DPORT = 4791
 # 1000/s per router), and two legs usually stop at the same spine; faster, the policer's drops
 # read as loss on both legs (the lab lost 3 % of answers at 500/s a leg).
 MEASURE_PPS = 200.0
-# ... and a round ends after this many times the time `count` datagrams take at that pace: each
-# waits for its answer, so a leg through a queue of tens of ms kept the agent's one prober
-# busy 6-13 s a round in the lab, and the next legs' rounds (and verdicts) waited
+# ... and a round ends after this many times the time `count` datagrams take at that pace, not
+# counting the waits of lost ones: each waits for its answer, so a leg through a queue of tens
+# of ms kept the agent's one prober busy 6-13 s a round in the lab, and the next legs' rounds
+# (and verdicts) waited; cut at lost ones' waits, a lossy leg sent a third of its datagrams
 MEASURE_STRETCH = 1.5
 DISTANCE_DPORT = 33434  # traceroute's first port: closed on ordinary hosts
 MSG_ERRQUEUE = 0x2000
@@ -351,8 +352,8 @@ class Prober:
                 answer_timeout: float = 0.1, pps: float = MEASURE_PPS) -> Measurement:
         """`count` datagrams on the first of `sports` whose hop at `ttl` answers from `via`
         (any hop when empty; the destination itself when it is that close), at most `pps` a
-        second, for at most MEASURE_STRETCH times what that pace takes (`sent` says how many
-        went). A datagram whose answer does not come within `answer_timeout` is lost (a queue
+        second, for at most MEASURE_STRETCH times what that pace takes, lost datagrams' waits
+        not counted (`sent` says how many went). A datagram whose answer does not come within `answer_timeout` is lost (a queue
         that long is as bad)."""
         m = Measurement(sports[0] if sports else 0)
         pace = TokenBucket(pps, 1.0, self.clock, self.bucket.sleep)
@@ -373,11 +374,14 @@ class Prober:
                         if self.clock() >= until:
                             break
                         pace.take()
+                        t0 = self.clock()
                         got = self._ping(s, dst, dport, seq, answer_timeout)
                         m.sent += 1
                         if got is not None and got[0] == m.hop:
                             m.answered += 1
                             m.rtts.append(got[1])
+                        else:  # a lost datagram's wait is the loss being measured
+                            until += self.clock() - t0
                 return m
             m.error = f"no port of {len(sports)} reached {'/'.join(via) or 'a hop'} at TTL {ttl}"
         except OSError as exc:

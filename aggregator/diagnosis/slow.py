@@ -220,8 +220,8 @@ class SlowDetector:
         # lifted two connections leaf01 -> leaf00 to 1.6x their share for 20 reports, and
         # leaf00-spine01 was named beside it; the per-report hold, whose span the paced
         # job's moving expectation breaks now and then, was too strict a test of it). A
-        # fault this slight is judged once that one heals; its own slow reports are not in
-        # its history (on_report: after a heal their medians named its host).
+        # fault this slight is judged once that one heals (and the slow one's history then
+        # starts anew: on_report).
         if any(c.streak >= self.cfg.slow_persist for c in fresh):
             return []
         bad: set[Hashable] = set()

@@ -126,3 +126,26 @@ def test_a_slow_hop_ends_the_round_on_time():
     assert m.error is None and m.sent == m.answered
     assert 60 <= m.sent <= 80, m.sent  # 3 s of 38 ms answers
     assert t[0] <= 3.1
+
+
+def test_lost_datagrams_waits_do_not_end_the_round():
+    """CI: a leg losing a third of its datagrams waited 0.1 s for each and the round ended at
+    93 of 300 sent; the loss is what the leg measures, so their waits do not count."""
+    t = [0.0]
+
+    def sleep(dt: float) -> None:
+        t[0] += dt
+
+    prober = Prober(rate=2000.0, burst=50.0, clock=lambda: t[0], sleep=sleep)
+
+    def ping(s, dst, dport, seq, timeout):
+        if seq % 3 == 1:  # lost: the whole answer timeout passes
+            t[0] += timeout
+            return None
+        t[0] += 0.0002
+        return ("127.0.0.1", 0.0002)
+
+    prober._ping = ping  # type: ignore[method-assign]
+    m = prober.measure("127.0.0.1", [free_port()], ttl=2, count=300, dport=free_port(),
+                       src="127.0.0.1")
+    assert m.error is None and m.sent == 300 and m.answered == 200

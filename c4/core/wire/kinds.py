@@ -174,7 +174,8 @@ PROBE_REQ = Record(
                   optional={"via": List(ADDR, 16)},
                   doc={"count": "datagrams to send, one at a time, within the agent's probe "
                                 "rate; fewer when their answers come so late that the round "
-                                "passes 1.5 times what its pace takes (the result's `sent`)",
+                                "passes 1.5 times what its pace takes, lost ones' waits not "
+                                "counted (the result's `sent`)",
                        "ttl": "their TTL: they stop at that hop, whose answers come back",
                        "via": "addresses the hop at `ttl` must answer from (a switch's); the "
                               "first of `sports` whose hop does is used"})},
