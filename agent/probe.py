@@ -36,13 +36,17 @@ their CPU and police them (CoPP), so the rate is the same token bucket as traces
 answer policed away reads as a lost datagram: C4D compares legs, it never reads one leg's loss
 alone.
 
-The prober is synchronous; the agent runs it on a worker thread (ProbeWorker) so a silent hop
-never delays reports. Packets are rate limited (token bucket, all traces together) and results
-cached briefly so a repeated request costs nothing; the aggregator's path map is the long-term
-store and decides when to ask again.
+The prober is synchronous; the agent runs it on worker threads (ProbeWorker) so a silent hop
+never delays reports: traces on one, measuring requests on up to MEASURERS more, each leg at
+its own pace, so a leg through a slow queue does not hold its host's other legs back (lab run
+AB: one host's three legs in turn, the slow leg's rounds came 7-8 s apart and its verdict
+waited for a third). Packets are rate limited (one token bucket for all traces and legs
+together) and traces cached briefly so a repeated request costs nothing; the aggregator's path
+map is the long-term store and decides when to ask again.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -54,7 +58,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROCE_DPORT = 4791
 # A measurement's pace: a switch answers on its CPU under a policer (Linux: icmp_msgs_per_sec,
@@ -66,6 +70,9 @@ MEASURE_PPS = 200.0
 # of ms kept the agent's one prober busy 6-13 s a round in the lab, and the next legs' rounds
 # (and verdicts) waited; cut at lost ones' waits, a lossy leg sent a third of its datagrams
 MEASURE_STRETCH = 1.5
+# legs measured at once: C4D's ties span 2-3 candidate links, each with its NIC's TTL-1 leg
+# beside it; the shared token bucket keeps the total within `rate` whatever the count
+MEASURERS = 4
 DISTANCE_DPORT = 33434  # traceroute's first port: closed on ordinary hosts
 MSG_ERRQUEUE = 0x2000
 IP_RECVERR = 11
@@ -145,23 +152,25 @@ class _Answer:
 
 
 class TokenBucket:
-    """`rate` packets per second, at most `burst` at once; take() sleeps until a token is there."""
+    """`rate` packets per second, at most `burst` at once; take() sleeps until a token is there.
+    Thread-safe: a taker reserves its token (the count goes below zero) and sleeps outside the
+    lock for the time the reservation takes to fill."""
 
     def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.rate, self.burst, self.clock, self.sleep = rate, burst, clock, sleep
         self.tokens = burst
         self.at = clock()
+        self._lock = threading.Lock()
 
     def take(self) -> None:
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1:
-            self.sleep((1 - self.tokens) / self.rate)
-            self.tokens = 1
-            self.at = self.clock()
-        self.tokens -= 1
+        with self._lock:
+            now = self.clock()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate) - 1
+            self.at = now
+            wait = -self.tokens / self.rate
+        if wait > 0:
+            self.sleep(wait)
 
 
 def _family(addr: str) -> socket.AddressFamily:
@@ -294,7 +303,8 @@ def _source_for(family: socket.AddressFamily, dst: str) -> str:
 
 
 class Prober:
-    """Traces fixed 5-tuples. Not thread-safe: one worker thread owns it."""
+    """Traces and measures fixed 5-tuples. `trace` belongs to one thread (its caches are not
+    locked); `measure` may run on several at once beside it."""
 
     def __init__(self, *, hop_timeout: float = 0.25, silent_limit: int = 3, rate: float = 500.0,
                  burst: float = 100.0, cache_ttl: float = 30.0,
@@ -307,6 +317,8 @@ class Prober:
         self.clock = clock
         self._cache: dict[tuple[Any, ...], tuple[float, Trace]] = {}
         self._distance: dict[tuple[str | None, str], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+        self._measuring: set[tuple[str | None, int]] = set()  # (src, sport) of legs under way
         self.packets = 0
 
     # -- public ---------------------------------------------------------------------------
@@ -353,40 +365,58 @@ class Prober:
         """`count` datagrams on the first of `sports` whose hop at `ttl` answers from `via`
         (any hop when empty; the destination itself when it is that close), at most `pps` a
         second, for at most MEASURE_STRETCH times what that pace takes, lost datagrams' waits
-        not counted (`sent` says how many went). A datagram whose answer does not come within `answer_timeout` is lost (a queue
-        that long is as bad)."""
+        not counted (`sent` says how many went). A datagram whose answer does not come within
+        `answer_timeout` is lost (a queue that long is as bad). A port another leg measures on
+        at the same time is skipped: the kernel would queue one socket's answers on the other."""
         m = Measurement(sports[0] if sports else 0)
         pace = TokenBucket(pps, 1.0, self.clock, self.bucket.sleep)
         family = _family(dst)
         level, opt = _ttl_option(family)
         try:
             for sport in sports:
-                m.sport = sport
-                with self._udp_socket(family, src, sport) as s:
-                    s.setsockopt(level, opt, ttl)
-                    first = self._ping(s, dst, dport, 0, answer_timeout)
-                    if first is None or (via and first[0] not in via):
-                        m.elsewhere += first is not None
-                        continue  # another path, or silence: the next port
-                    m.hop = first[0]
-                    until = self.clock() + MEASURE_STRETCH * count / pps
-                    for seq in range(1, count + 1):
-                        if self.clock() >= until:
-                            break
-                        pace.take()
-                        t0 = self.clock()
-                        got = self._ping(s, dst, dport, seq, answer_timeout)
-                        m.sent += 1
-                        if got is not None and got[0] == m.hop:
-                            m.answered += 1
-                            m.rtts.append(got[1])
-                        else:  # a lost datagram's wait is the loss being measured
-                            until += self.clock() - t0
-                return m
+                with self._leg_port(src, sport) as free:
+                    if not free:
+                        continue
+                    m.sport = sport
+                    with self._udp_socket(family, src, sport) as s:
+                        s.setsockopt(level, opt, ttl)
+                        first = self._ping(s, dst, dport, 0, answer_timeout)
+                        if first is None or (via and first[0] not in via):
+                            m.elsewhere += first is not None
+                            continue  # another path, or silence: the next port
+                        m.hop = first[0]
+                        until = self.clock() + MEASURE_STRETCH * count / pps
+                        for seq in range(1, count + 1):
+                            if self.clock() >= until:
+                                break
+                            pace.take()
+                            t0 = self.clock()
+                            got = self._ping(s, dst, dport, seq, answer_timeout)
+                            m.sent += 1
+                            if got is not None and got[0] == m.hop:
+                                m.answered += 1
+                                m.rtts.append(got[1])
+                            else:  # a lost datagram's wait is the loss being measured
+                                until += self.clock() - t0
+                        return m
             m.error = f"no port of {len(sports)} reached {'/'.join(via) or 'a hop'} at TTL {ttl}"
         except OSError as exc:
             m.error = f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
         return m
+
+    @contextlib.contextmanager
+    def _leg_port(self, src: str | None, sport: int) -> Iterator[bool]:
+        """Holds (src, sport) for one leg while it measures; yields False if another has it."""
+        key = (src, sport)
+        with self._lock:
+            free = key not in self._measuring
+            self._measuring.add(key)
+        try:
+            yield free
+        finally:
+            if free:
+                with self._lock:
+                    self._measuring.discard(key)
 
     def _ping(self, s: socket.socket, dst: str, dport: int, seq: int,
               timeout: float) -> tuple[str, float] | None:
@@ -398,7 +428,8 @@ class Prober:
         poller.register(s, select.POLLERR | select.POLLIN)
         t0 = self.clock()
         s.sendto(payload, (dst, dport))
-        self.packets += 1
+        with self._lock:
+            self.packets += 1
         while True:
             left = t0 + timeout - self.clock()
             if left <= 0 or not poller.poll(left * 1000):
@@ -563,7 +594,8 @@ class Prober:
         for ttl in range(1, max_ttl + 1):
             self.bucket.take()
             send(ttl)
-            self.packets += 1
+            with self._lock:
+                self.packets += 1
             answer = wait(ttl)
             if answer is None:
                 t.hops.append(None)
@@ -615,23 +647,32 @@ class Prober:
 
 
 class ProbeWorker:
-    """Runs `probe` requests on a thread; the agent's loop sends what `results()` returns."""
+    """Runs `probe` requests on threads: traces on one, measuring requests on up to
+    `measurers` (each leg at its own pace); the agent's loop sends what `results()` returns."""
 
-    def __init__(self, prober: Prober, *, max_pending: int = 16) -> None:
+    def __init__(self, prober: Prober, *, max_pending: int = 16,
+                 measurers: int = MEASURERS) -> None:
         self.prober = prober
         self._requests: queue.Queue[dict[str, Any]] = queue.Queue(max_pending)
+        self._measures: queue.Queue[dict[str, Any]] = queue.Queue(max_pending)
         self._done: queue.Queue[dict[str, Any]] = queue.Queue()
         self._busy = 0
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="c4-prober", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, args=(self._requests,),
+                                          name="c4-prober", daemon=True)]
+        self._threads += [threading.Thread(target=self._run, args=(self._measures,),
+                                           name=f"c4-measure-{i}", daemon=True)
+                          for i in range(measurers)]
+        for t in self._threads:
+            t.start()
 
     def submit(self, body: dict[str, Any]) -> None:
         """Queue a validated `probe` body; a full queue answers at once with errors."""
         with self._lock:
             self._busy += 1
+        measuring = all("measure" in p for p in body["probes"])
         try:
-            self._requests.put_nowait(body)
+            (self._measures if measuring else self._requests).put_nowait(body)
         except queue.Full:
             self._finish(refuse(body, "rate limited: too many probe requests queued"))
 
@@ -648,17 +689,26 @@ class ProbeWorker:
                 return out
 
     def close(self) -> None:
-        self._requests.put({})  # wakes the thread; an empty body means stop
-        self._thread.join(timeout=5)
+        for q in (self._requests, self._measures):
+            while True:  # what is still queued goes unanswered: the agent is stopping
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        self._requests.put({})  # an empty body stops the thread that takes it
+        for _ in self._threads[1:]:
+            self._measures.put({})
+        for t in self._threads:
+            t.join(timeout=5)
 
     def _finish(self, result: dict[str, Any]) -> None:
         self._done.put(result)
         with self._lock:
             self._busy -= 1
 
-    def _run(self) -> None:
+    def _run(self, requests: queue.Queue[dict[str, Any]]) -> None:
         while True:
-            body = self._requests.get()
+            body = requests.get()
             if not body:
                 return
             try:

@@ -126,6 +126,7 @@ struct flow {
 	u8 saddr[16];
 	u8 daddr[16];
 	char comm[16];
+	u8 accepted;        /* made by a passive open (SYN_RECV): its port is the listener's */
 };
 
 struct closed_key {
@@ -245,6 +246,7 @@ static __always_inline struct flow *flow_create(struct config *c, u64 sk, struct
 	z.dport = t->dport;
 	z.family = t->family;
 	z.state = state;
+	z.accepted = state == C4_TCP_SYN_RECV;
 	z.first_ns = bpf_ktime_get_ns();
 	int err = flows.insert(&sk, &z);
 	if (err && err != -C4_EEXIST) {
@@ -429,8 +431,10 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 	if (args->protocol != C4_IPPROTO_TCP)
 		return 0;
 	int os = args->oldstate, ns = args->newstate;
-	if (os == C4_TCP_LISTEN || ns == C4_TCP_LISTEN)
-		return 0; /* listeners are not flows */
+	/* listeners are not flows; a passive open's child is cloned from its listener, so it
+	 * enters SYN_RECV from LISTEN */
+	if (ns == C4_TCP_LISTEN || (os == C4_TCP_LISTEN && ns != C4_TCP_SYN_RECV))
+		return 0;
 	stat_inc(S_HIT_STATE);
 	struct config *c = cfg();
 	if (!c)

@@ -231,7 +231,7 @@ def detect_features(tracefs: Path, kernel_release: str, max_flows: int) -> Featu
 # ------------------------------------------------------------------------ map-entry decoding
 
 # Layouts of struct flow / struct event in bpf/tcp_flows.c (sizes checked against BCC's).
-FLOW_LAYOUT = struct.Struct("=5Q14I3H5B16s16s16s5x")
+FLOW_LAYOUT = struct.Struct("=5Q14I3H5B16s16s16sB4x")
 EVENT_LAYOUT = struct.Struct("=Q3I3H2B16s16s16s4x")
 CLOSED_KEY = struct.Struct("=2Q")
 FIRST_NS = struct.Struct("=Q")  # struct flow starts with first_ns
@@ -294,6 +294,7 @@ class FlowEntry(NamedTuple):
     saddr: bytes
     daddr: bytes
     comm_raw: bytes
+    accepted: int
 
     @classmethod
     def decode(cls, raw: bytes) -> FlowEntry:
@@ -510,6 +511,8 @@ class FlowTable:
             "netns": self.netns_of(e.pid) if e.pid else 0, "pid": e.pid, "comm": e.comm}
         if e.cookie:
             row["cookie"] = e.cookie
+        if e.accepted:
+            row["accepted"] = True
         job = self.job_of(e.pid) if e.pid else None  # read once per owner, like netns
         if job:
             row["job"] = job

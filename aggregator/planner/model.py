@@ -306,9 +306,12 @@ class Model:
         why = None
         if fl is not None:
             pr = self.pairs[fl.key]
-            if fl.demand < floor:
-                # the acks of a one-way stream (the accepting end of a lab or NCCL socket
-                # connection, whose port is the listener's): moving it cannot lower the
+            if fl.meta.get("accepted"):
+                # its port is the listener's (gloo carries data both ways on a connection
+                # the other end made): an assignment could only fail
+                why = "accepting end: the connecting end's port picks the path"
+            elif fl.demand < floor:
+                # e.g. the acks of a one-way stream's receiver: moving it cannot lower the
                 # maximum
                 why = "too small to move"
             elif not pr.paths:

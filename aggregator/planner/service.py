@@ -246,9 +246,12 @@ class Planner:
                         dst.partition("/")[0] == host:
                     continue
                 rate = self._measured((host, fid), max(float(f["bytes_acked_rate"]), 1.0))
+                meta = {"pid": f["pid"], "src": _bare(f["saddr"]), "dst": _bare(f["daddr"]),
+                        "seen": now}
+                if f.get("accepted"):
+                    meta["accepted"] = True
                 flows[fid] = Flow(fid, host, src, dst, "tcp", f["sport"], rate, f["dport"],
-                                  f.get("job"), meta={"pid": f["pid"], "src": _bare(f["saddr"]),
-                                                      "dst": _bare(f["daddr"]), "seen": now})
+                                  f.get("job"), meta=meta)
         for fid in [k for k, f in flows.items() if now - f.meta["seen"] > FLOW_TTL_S]:
             del flows[fid]
             self.touched.add((host, fid))

@@ -192,7 +192,9 @@ def test_colliding_flows_spread_over_the_spines_and_the_job_speeds_up(
     # the connections' own 4-tuples were traced: what they load now is known, and the plan
     # lowers it (before: unknown, a live connection's port could not be traced)
     assert p["current_max_util"] is not None and p["current_max_util"] > p["proposed_max_util"]
-    assert p["unplanned_reasons"] == {"too small to move": 4}  # the accepting ends (acks)
+    # the accepting ends (acks from the listener's port), marked by the collector
+    assert p["unplanned_reasons"] == {
+        "accepting end: the connecting end's port picks the path": 4}
     # what went out: the proposal of the moment `c4 plan apply` ran (a periodic proposal may
     # have replaced the one shown above; the measured demands differ from report to report)
     with sqlite3.connect(lab.dir / "c4.db") as db:

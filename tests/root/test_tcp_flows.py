@@ -150,6 +150,9 @@ def test_lossy_transfer_matches_kernel_counters(pair: Pair, collector_factory: A
     assert n <= last_tx["bytes_acked"] <= n + 1
     assert sum(f["bytes_acked_delta"] for _, f in sender) == last_tx["bytes_acked"]
     assert last_tx["srtt_us"] > 0 and last_tx["cwnd"] > 0
+    # the receiver's end came from its listener (C4P leaves it unplanned), the sender's not
+    assert all(f.get("accepted") is True for _, f in receiver)
+    assert all("accepted" not in f for _, f in sender)
     # the owner: connect() ran in the sender's process, in namespace a
     assert last_tx["pid"] == tx_pid and last_tx["netns"] == pair.netns_inode(pair.a)
     if "sock_length" in samples[-1].section["features"]:

@@ -5,8 +5,10 @@ UDP sockets with IP_TTL and IP_RECVERR on loopback, where the destination itself
 from __future__ import annotations
 
 import socket
+import threading
+import time
 
-from c4.agent.probe import Prober, run_probe
+from c4.agent.probe import Prober, ProbeWorker, TokenBucket, run_probe
 from c4.aggregator.diagnosis.probes import AgentMeasurer, Leg
 from c4.core.topology import Topology
 from c4.core.wire.kinds import validate_body
@@ -149,3 +151,78 @@ def test_lost_datagrams_waits_do_not_end_the_round():
     m = prober.measure("127.0.0.1", [free_port()], ttl=2, count=300, dport=free_port(),
                        src="127.0.0.1")
     assert m.error is None and m.sent == 300 and m.answered == 200
+
+
+def test_a_slow_leg_does_not_hold_the_hosts_other_legs_back():
+    """Lab run AB: one host's three legs ran in turn on one prober thread, so the slow leg's
+    rounds came 7-8 s apart and its verdict waited for a third round. Legs now measure at
+    once: a leg that finishes quickly is answered while a slow one is still under way."""
+    release = threading.Event()
+
+    class Slow(Prober):
+        def measure(self, dst, sports, **kw):  # type: ignore[no-untyped-def,override]
+            if dst == "127.0.0.2":
+                release.wait(5)
+            return super().measure(dst, sports, **kw)
+
+    worker = ProbeWorker(Slow(rate=2000.0, burst=50.0))
+    closed = free_port()
+
+    def body(pid: str, dst: str) -> dict:
+        return validate_body("probe", {"probe_id": pid, "probes": [{
+            "id": "leg", "proto": "roce", "dst": dst, "src": "127.0.0.1",
+            "sports": [free_port()], "dport": closed, "measure": {"count": 10, "ttl": 1}}]})
+
+    try:
+        worker.submit(body("slow", "127.0.0.2"))
+        worker.submit(body("fast", "127.0.0.1"))
+        deadline = time.monotonic() + 3
+        got: list[dict] = []
+        while not got and time.monotonic() < deadline:
+            got = worker.results()
+            time.sleep(0.01)
+        assert [r["probe_id"] for r in got] == ["fast"]
+        assert got[0]["results"][0]["answered"] == 10
+        assert worker.pending()  # the slow leg is still measuring
+    finally:
+        release.set()
+        worker.close()
+
+
+def test_legs_measuring_at_once_take_different_ports():
+    """Two legs of one source address offered the same ports: the kernel queues the answers of
+    two sockets bound to one port on one of them, so the second leg takes the next port and
+    each counts its own answers."""
+    closed, ports = free_port(), [free_port(), free_port()]
+    prober = Prober(rate=5000.0, burst=100.0)
+    out: list = [None, None]
+    start = threading.Barrier(2)
+
+    def leg(i: int) -> None:
+        start.wait()
+        out[i] = prober.measure("127.0.0.1", ports, ttl=1, count=150, dport=closed,
+                                src="127.0.0.1", pps=1000.0)
+
+    threads = [threading.Thread(target=leg, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    a, b = out
+    assert a.error is None and b.error is None, (a.error, b.error)
+    assert {a.sport, b.sport} == set(ports)
+    assert (a.sent, b.sent) == (a.answered, b.answered) == (150, 150)
+
+
+def test_the_token_bucket_holds_its_rate_across_threads():
+    """Traces and every leg share one bucket: four threads taking together get `rate` a
+    second between them, not each."""
+    bucket = TokenBucket(400.0, 1.0)
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=lambda: [bucket.take() for _ in range(50)])
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert time.monotonic() - t0 >= 199 / 400

@@ -94,3 +94,26 @@ def test_every_connections_own_port_is_traced_and_a_new_one_at_once() -> None:
     p.observe(frame("report", "node000", report([40003], 29500, 5e9)), 4.0)
     p.tick(5.0)
     assert probed(5.0) == [40003]  # the pair has its 8 ports: only the new one
+
+
+def test_an_accepted_connection_carrying_data_is_not_planned() -> None:
+    """gloo sends both ways on one connection, so the end that accepted it carries data from
+    the listener's port, which no assignment can change (the agent answered "the live
+    connection uses port N"). The collector marks passive opens `accepted`; that end is left
+    unplanned with the reason, and only the connecting ends move."""
+    p, t = planner()
+    body = report([40000, 40001], 29500, 5e9)
+    # node000's listener (port 29500 on its side) accepted node002's connection; it sends 5 GB/s
+    back = report([29500], 41000, 5e9)["tcp_flows"]["flows"]
+    back[0]["accepted"] = True
+    body["tcp_flows"]["flows"] += back
+    p.observe(frame("report", "node000", body), 1.0)
+    for sp in range(42000, 42016):
+        for dport in (29500, 41000):
+            p.pathmap.learn(SRC, DST, f"tcp:{dport}", sp, t.ecmp_path(SRC, DST, "tcp", sp, dport),
+                            1.0)
+    v = p.view(2.0)["proposal"]
+    assert v["planned"] == 2
+    assert v["unplanned_reasons"] == {
+        "accepting end: the connecting end's port picks the path": 1}
+    assert all(m["from"] != 29500 for m in v["moves"])

@@ -64,6 +64,8 @@ def test_decode_flow_entries(capture: dict[str, Any]) -> None:
     assert client.bytes_acked == meta["first"]          # all data, acked
     assert server.bytes_received == meta["first"] + 1   # data + the client's extra byte
     assert client.bytes_received == server.bytes_acked == 2  # "ok"
+    # the server's end came from its listener: C4P leaves it unplanned
+    assert (server.accepted, client.accepted) == (1, 0)
 
 
 def test_deltas_then_closed_once_then_forgotten(capture: dict[str, Any], fixtures: Path) -> None:

@@ -72,6 +72,7 @@ FLOW = Record(
         "zero_window_delta": COUNTER,
         "rto": COUNTER,
         "rto_delta": COUNTER,
+        "accepted": Bool(),
     },
     doc={
         "saddr": "local address (IPv4 dotted or IPv6 text; an IPv6 socket talking IPv4 shows "
@@ -126,6 +127,11 @@ FLOW = Record(
                "`features`: `rto`): a blackholed or stalled path, not a congestion drop that "
                "fast retransmit repaired; absent while 0",
         "rto_delta": "rto since the previous report",
+        "accepted": "true when the kernel made this connection from a listening socket "
+                    "(passive open, seen at SYN_RECV): its local port is the listener's and "
+                    "only the connecting end's port picks the path (C4P leaves this end "
+                    "unplanned); absent for connections this side opened and for those "
+                    "older than the collector",
     },
 )
 
