@@ -28,10 +28,11 @@ TTL runs out answers ICMP time-exceeded, which the kernel queues on that socket'
 Measuring (`measure` in a probe request, docs/diagnosis.md): C4D asks which of a path's links
 loses or delays packets. The agent picks the first of the given ports whose hop at `ttl`
 answers from one of `via` (the switch's addresses; any when none are given), then sends `count`
-datagrams on that one 5-tuple with that TTL, one at a time, each waiting up to `answer_timeout`
-for its answer from that hop: they cross the links up to it and the answers the links back,
-nothing else; a round stops at 1.5 times the time its pace takes (a slow hop's answers come
-late). It reports sent, answered and RTT percentiles. Routers generate these answers on
+datagrams on that one 5-tuple with that TTL at a steady pace, each answered by that hop within
+`answer_timeout` or lost: they cross the links up to it and the answers the links back,
+nothing else. Sending does not wait for answers (a slow or lossy leg's round takes as long as
+a clean one's); the answers are matched to their datagrams by the seq the router's quote
+carries. It reports sent, answered and RTT percentiles. Routers generate these answers on
 their CPU and police them (CoPP), so the rate is the same token bucket as traces, and an
 answer policed away reads as a lost datagram: C4D compares legs, it never reads one leg's loss
 alone.
@@ -65,16 +66,22 @@ ROCE_DPORT = 4791
 # 1000/s per router), and two legs usually stop at the same spine; faster, the policer's drops
 # read as loss on both legs (the lab lost 3 % of answers at 500/s a leg).
 MEASURE_PPS = 200.0
-# ... and a round ends after this many times the time `count` datagrams take at that pace, not
-# counting the waits of lost ones: each waits for its answer, so a leg through a queue of tens
-# of ms kept the agent's one prober busy 6-13 s a round in the lab, and the next legs' rounds
-# (and verdicts) waited; cut at lost ones' waits, a lossy leg sent a third of its datagrams
+# ... and a round stops sending after this many times what `count` datagrams take at that pace
+# (the token bucket shared with the host's other legs may hold it back), then waits for the
+# answers still due. Datagrams go out at the pace without waiting for answers: waiting, a leg
+# through a 38 ms queue kept the agent's prober busy 6-13 s a round (lab runs Y, AA), and one
+# losing 10 % took 6 s, 0.1 s per lost datagram, so its rounds came 6-7 s apart and its
+# verdict waited for a third (lab run AD)
 MEASURE_STRETCH = 1.5
 # legs measured at once: C4D's ties span 2-3 candidate links, each with its NIC's TTL-1 leg
 # beside it; the shared token bucket keeps the total within `rate` whatever the count
 MEASURERS = 4
 DISTANCE_DPORT = 33434  # traceroute's first port: closed on ordinary hosts
 MSG_ERRQUEUE = 0x2000
+# what an ICMP answer to a datagram sets as its socket's pending error (port unreachable, time
+# exceeded, other unreachables)
+ANSWER_ERRNOS = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+MEASURE_MAGIC = b"c4ms"  # a measuring datagram's payload: this, then its seq (u32)
 IP_RECVERR = 11
 IPV6_RECVERR = 25
 IPV6_HDRINCL = 36  # linux/in6.h; not in Python's socket module
@@ -164,13 +171,17 @@ class TokenBucket:
         self._lock = threading.Lock()
 
     def take(self) -> None:
+        wait = self.reserve()
+        if wait > 0:
+            self.sleep(wait)
+
+    def reserve(self) -> float:
+        """Takes a token now; returns the seconds until it may be used (0: at once)."""
         with self._lock:
             now = self.clock()
             self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate) - 1
             self.at = now
-            wait = -self.tokens / self.rate
-        if wait > 0:
-            self.sleep(wait)
+            return max(0.0, -self.tokens / self.rate)
 
 
 def _family(addr: str) -> socket.AddressFamily:
@@ -363,13 +374,12 @@ class Prober:
                 via: tuple[str, ...] = (), src: str | None = None, dport: int = ROCE_DPORT,
                 answer_timeout: float = 0.1, pps: float = MEASURE_PPS) -> Measurement:
         """`count` datagrams on the first of `sports` whose hop at `ttl` answers from `via`
-        (any hop when empty; the destination itself when it is that close), at most `pps` a
-        second, for at most MEASURE_STRETCH times what that pace takes, lost datagrams' waits
-        not counted (`sent` says how many went). A datagram whose answer does not come within
-        `answer_timeout` is lost (a queue that long is as bad). A port another leg measures on
-        at the same time is skipped: the kernel would queue one socket's answers on the other."""
+        (any hop when empty; the destination itself when it is that close), `pps` a second,
+        sending for at most MEASURE_STRETCH times what that pace takes (`sent` says how many
+        went). A datagram whose answer does not come within `answer_timeout` is lost (a queue
+        that long is as bad). A port another leg measures on at the same time is skipped: the
+        kernel would queue one socket's answers on the other."""
         m = Measurement(sports[0] if sports else 0)
-        pace = TokenBucket(pps, 1.0, self.clock, self.bucket.sleep)
         family = _family(dst)
         level, opt = _ttl_option(family)
         try:
@@ -385,24 +395,87 @@ class Prober:
                             m.elsewhere += first is not None
                             continue  # another path, or silence: the next port
                         m.hop = first[0]
-                        until = self.clock() + MEASURE_STRETCH * count / pps
-                        for seq in range(1, count + 1):
-                            if self.clock() >= until:
-                                break
-                            pace.take()
-                            t0 = self.clock()
-                            got = self._ping(s, dst, dport, seq, answer_timeout)
-                            m.sent += 1
-                            if got is not None and got[0] == m.hop:
-                                m.answered += 1
-                                m.rtts.append(got[1])
-                            else:  # a lost datagram's wait is the loss being measured
-                                until += self.clock() - t0
+                        self._round(s, m, dst, dport, count, pps, answer_timeout)
                         return m
             m.error = f"no port of {len(sports)} reached {'/'.join(via) or 'a hop'} at TTL {ttl}"
         except OSError as exc:
             m.error = f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
         return m
+
+    def _round(self, s: socket.socket, m: Measurement, dst: str, dport: int, count: int,
+               pps: float, timeout: float) -> None:
+        """Sends at the pace without waiting for answers; each answer is matched to its
+        datagram by the seq its quote carries (to the oldest one waiting when the router
+        quoted too little: answers come back in order), its RTT from when it was read."""
+        waiting: dict[int, float] = {}  # seq -> when sent, oldest first
+        seq, due = 0, self.clock()
+        stop = due + MEASURE_STRETCH * count / pps
+        token_at: float | None = None  # when the reserved token of the next datagram is due
+        while True:
+            now = self.clock()
+            for q in [q for q, at in waiting.items() if at + timeout <= now]:
+                del waiting[q]  # lost
+            sending = seq < count and now < stop
+            if not sending and not waiting:
+                return
+            if sending and now >= due and token_at is None:
+                token_at = now + self.bucket.reserve()
+            send_at = (due if token_at is None else token_at) if sending else None
+            wake = min([at + timeout for at in waiting.values()][:1] +
+                       ([send_at] if send_at is not None else []))
+            # read what came before sending: a queued error fails the next send
+            for heard, addr in self._heard(s, max(0.0, wake - now)):
+                key = heard if heard is not None else next(iter(waiting), None)
+                sent_at = waiting.pop(key, None) if key is not None else None
+                if sent_at is not None and addr == m.hop:
+                    m.answered += 1
+                    m.rtts.append(self.clock() - sent_at)
+            if send_at is not None and token_at is not None and self.clock() >= send_at:
+                seq += 1
+                self._send(s, dst, dport, seq)
+                waiting[seq] = self.clock()
+                m.sent += 1
+                due, token_at = max(due + 1 / pps, now - 1 / pps), None
+
+    def _send(self, s: socket.socket, dst: str, dport: int, seq: int) -> None:
+        data = MEASURE_MAGIC + struct.pack("!I", seq)
+        try:
+            s.sendto(data, (dst, dport))
+        except OSError as exc:
+            # an answer that came since the last read set the socket's pending error, which
+            # this send reported (and cleared) instead of sending; the answer stays queued
+            if exc.errno not in ANSWER_ERRNOS:
+                raise
+            s.sendto(data, (dst, dport))
+        with self._lock:
+            self.packets += 1
+
+    def _heard(self, s: socket.socket, timeout: float) -> list[tuple[int | None, str]]:
+        """Answers on a measuring socket within `timeout`: (the seq the router's quote
+        carries, None when it quoted too little; who answered)."""
+        poller = select.poll()
+        poller.register(s, select.POLLERR | select.POLLIN)
+        if not poller.poll(timeout * 1000):
+            return []
+        out: list[tuple[int | None, str]] = []
+        while True:
+            try:
+                data, ancdata, _, _ = s.recvmsg(64, 512, MSG_ERRQUEUE)
+            except BlockingIOError:
+                try:
+                    s.recv(64)  # a datagram nobody asked for
+                except OSError:
+                    pass
+                return out
+            answer = _parse_err(ancdata)
+            if answer is None or answer.kind == "unreach":
+                continue
+            if len(data) >= 8:
+                if data[:4] != MEASURE_MAGIC:
+                    continue
+                out.append((struct.unpack_from("!I", data, 4)[0], answer.addr))
+            else:
+                out.append((None, answer.addr))
 
     @contextlib.contextmanager
     def _leg_port(self, src: str | None, sport: int) -> Iterator[bool]:
@@ -423,7 +496,7 @@ class Prober:
         """One datagram; (who answered, RTT) or None. Answers to earlier datagrams (their
         payload names their seq where the router quotes it) are skipped."""
         self.bucket.take()
-        payload = struct.pack("!4sI", b"c4ms", seq)
+        payload = MEASURE_MAGIC + struct.pack("!I", seq)
         poller = select.poll()
         poller.register(s, select.POLLERR | select.POLLIN)
         t0 = self.clock()

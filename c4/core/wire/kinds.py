@@ -172,10 +172,10 @@ PROBE_REQ = Record(
               "measure": Record(
                   required={"count": Int(1, 1000), "ttl": Int(1, 64)},
                   optional={"via": List(ADDR, 16)},
-                  doc={"count": "datagrams to send, one at a time, within the agent's probe "
-                                "rate; fewer when their answers come so late that the round "
-                                "passes 1.5 times what its pace takes, lost ones' waits not "
-                                "counted (the result's `sent`)",
+                  doc={"count": "datagrams to send at the agent's measuring pace (200 a "
+                                "second), without waiting for answers; fewer when the probe "
+                                "rate the agent's legs share holds sending past 1.5 times "
+                                "what that pace takes (the result's `sent`)",
                        "ttl": "their TTL: they stop at that hop, whose answers come back",
                        "via": "addresses the hop at `ttl` must answer from (a switch's); the "
                               "first of `sports` whose hop does is used"})},
