@@ -485,6 +485,12 @@ class OutageDetector:
         conf = sum(mass[cable] for cable in tied)
         if best not in tied or conf < self.cfg.localise_confidence:
             return []
+        if tied[best].n_all > tied[best].n_bad and \
+                any(h.n_all == h.n_bad for c, h in tied.items() if c != best):
+            # traffic crossed it clean where the other end saw none clean: a blackhole into
+            # the leaf would have taken that too (lab run AE: 5 % loss both ways on
+            # leaf01-spine00 stalled the ring, and this named leaf02-spine00 beside it)
+            return []
         f, bad_of = self._finding(tied[best], covers, host, beats)
         lk = topo.links[best]
         leaf = lk.a if topo.switches[lk.a].tier == "leaf" else lk.b

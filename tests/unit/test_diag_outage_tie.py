@@ -33,7 +33,7 @@ from c4.aggregator.diagnosis.config import DiagnosisConfig
 from c4.aggregator.diagnosis.model import Model
 from c4.aggregator.diagnosis.outage import OutageDetector
 from c4.core import record, wire
-from tests.unit.test_diag_outage import outage_findings, rewrite, run, unpack
+from tests.unit.test_diag_outage import named_after, outage_findings, rewrite, run, unpack
 
 
 @pytest.mark.parametrize("name,link,within_s", [
@@ -294,3 +294,16 @@ def test_a_tie_names_nothing_that_would_hide_the_cable_named_later() -> None:
                     [Suspect("link", "leaf00-spine00", None, None, 0.99)], "named", {}, 0.0)
     assert det._one_fault(tie, bad, 10.0)
     assert det._one_fault(named, bad, 11.0)
+
+
+def test_loss_both_ways_that_stalls_the_ring_is_no_blackhole(tmp_path: Path) -> None:
+    """26-loss-leaf01-spine00-both (lab run AE, docs/benchmarks.md): 5 % loss both ways on
+    leaf01-spine00 stalled a connection of the ring, so the outage detector took it for an
+    outage, and the blackhole's way named leaf02-spine00, the far end of the same paths, at
+    1.00 in a second incident beside the right one, though a connection had crossed
+    leaf02-spine00 clean and none crossed leaf01-spine00 clean. A blackhole into leaf02
+    would have taken that one too: only leaf01-spine00 is named."""
+    rec, truth = unpack("26-loss-leaf01-spine00-both", tmp_path)
+    named = named_after(run(rec, truth), truth)
+    assert set(named) == {"leaf01-spine00"}, named
+    assert named["leaf01-spine00"] <= 10.0
