@@ -263,3 +263,18 @@ def test_the_token_bucket_holds_its_rate_across_threads():
     for t in threads:
         t.join(10)
     assert time.monotonic() - t0 >= 199 / 400
+
+
+def test_measure_over_ipv6():
+    """The same round on IPv6 loopback: ICMPv6 port unreachable answers through
+    IPV6_RECVERR, each matched to its datagram while the next ones are already sent."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+        s.bind(("::1", 0))
+        closed = s.getsockname()[1]
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+        s.bind(("::1", 0))
+        sport = s.getsockname()[1]
+    m = Prober(rate=5000.0, burst=100.0).measure("::1", [sport], ttl=1, count=100,
+                                                 dport=closed, src="::1", pps=1000.0)
+    assert m.error is None and (m.sent, m.answered) == (100, 100)
+    assert m.hop == "::1" and len(m.rtts) == 100
