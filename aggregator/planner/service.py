@@ -94,6 +94,17 @@ class Applied:
         return f"{host}/{flow_id}"
 
 
+class _Sent:
+    """One NCCL process's bytes sent per (communicator, peer rank) over a report's
+    interval, and its job."""
+
+    __slots__ = ("bytes", "job")
+
+    def __init__(self) -> None:
+        self.bytes: dict[tuple[str, int], int] = {}
+        self.job: str | None = None
+
+
 class Planner:
     def __init__(self, topology: Topology, cfg: PlanningConfig, db: sqlite3.Connection,
                  log: logging.Logger | None = None, name: str = "aggregator",
@@ -117,6 +128,10 @@ class Planner:
         self.live: dict[tuple[str, str], Flow] = {}
         self.touched: set[tuple[str, str]] = set()
         self.gids: dict[str, str] = {}  # GID -> endpoint
+        # (communicator, rank) -> (host, when a report last listed it): NCCL's per-peer bytes
+        # weight the QPs to that host
+        self.ranks: dict[tuple[str, int], tuple[str, float]] = {}
+        self.ranks_pruned = 0.0
         self.addrs: dict[str, str] = {}  # IP -> endpoint
         self.ep_addr: dict[str, str] = {}  # endpoint -> IP
         self.outbox: list[tuple[str, str, dict[str, Any]]] = []  # (host, kind, body)
@@ -195,6 +210,7 @@ class Planner:
             if rate is not None:
                 tx[(pt["dev"], pt["port"])] = self._measured(
                     (host, f"port:{pt['dev']}:{pt['port']}"), float(rate))
+        sent = self._sent(host, body.get("nccl"), now)
         vq = body.get("verbs_qp")
         if vq is not None:
             # the uprobe sees no device: the kernel's QP list (same lqpn and pid) names it,
@@ -207,10 +223,7 @@ class Planner:
             # indices, not the (dict, dev) pairs: membership stays O(1) per QP
             live = {i for i, (q, dev) in enumerate(qps) if dev and not q["destroyed"] and
                     q["state"] == "RTS" and q.get("dgid") and q.get("sport") is not None}
-            per_port: dict[tuple[str | None, int], int] = {}
-            for i in live:
-                q, dev = qps[i]
-                per_port[(dev, q["port"])] = per_port.get((dev, q["port"]), 0) + 1
+            shares = self._qp_shares(qps, live, sent)
             for i, (q, dev) in enumerate(qps):
                 fid = f"qp:{dev}:{q['lqpn']}"
                 flows.pop(fid, None)
@@ -220,13 +233,15 @@ class Planner:
                         dst.partition("/")[0] == host:
                     continue
                 rate = tx.get((dev, q["port"]))
-                # the port's transmit rate split over its connected QPs; 1 when unmeasured
-                share = per_port[(dev, q["port"])]
-                demand = rate / share if rate else 1.0
+                # the QP's share of its port's transmit rate; 1 when unmeasured
+                share = shares[i]
+                demand = rate * share if rate else 1.0
+                pj = sent.get(q["pid"]) if sent else None
                 flows[fid] = Flow(fid, host, endpoint(host, dev), dst, "roce", q["sport"],
-                                  demand, meta={"dev": dev, "lqpn": q["lqpn"],
-                                                "rqpn": q["rqpn"], "pid": q["pid"], "seen": now,
-                                                "rate_of": (f"port:{dev}:{q['port']}", share)})
+                                  demand, job=pj.job if pj else None,
+                                  meta={"dev": dev, "lqpn": q["lqpn"], "rqpn": q["rqpn"],
+                                        "pid": q["pid"], "seen": now,
+                                        "rate_of": (f"port:{dev}:{q['port']}", share)})
         tcp = body.get("tcp_flows")
         if tcp is not None:
             if tcp.get("refresh"):
@@ -256,6 +271,68 @@ class Planner:
             del flows[fid]
             self.touched.add((host, fid))
 
+    def _sent(self, host: str, nccl: dict[str, Any] | None,
+              now: float) -> dict[int, _Sent] | None:
+        """What each NCCL process of this report sent to each peer rank over the interval
+        (its plugin summaries), and the report's ranks as this host's."""
+        if nccl is None:
+            return None
+        out: dict[int, _Sent] = {}
+        for c in nccl["comms"]:
+            self.ranks[(c["comm"], c["rank"])] = (host, now)
+            pid = c.get("pid")
+            if pid is None:
+                continue
+            ps = out.setdefault(pid, _Sent())
+            ps.job = ps.job or c.get("job")
+            for pe in c["peers"]:
+                if pe["dir"] == "send" and pe["bytes"]:
+                    k = (c["comm"], pe["peer"])
+                    ps.bytes[k] = ps.bytes.get(k, 0) + pe["bytes"]
+        return out
+
+    def _qp_shares(self, qps: list[tuple[dict[str, Any], str | None]], live: set[int],
+                   sent: dict[int, _Sent] | None) -> dict[int, float]:
+        """Each live QP's share of its port's transmit rate. A port's NIC counts its bytes,
+        not its QPs': the share is what the QP's process sent to the QP's destination host
+        (NCCL's per-peer bytes; the peer's rank placed by its own host's report), divided
+        over that process's QPs to that host. A ring rank's QPs to the previous rank carry
+        only receive credits, and an equal split gave them half of its port. Where a QP on
+        the port has no such bytes to go by (no plugin, a peer rank no report placed yet)
+        or the port's QPs sent nothing, the QPs split the port equally."""
+        dst_host = {i: self.gids[qps[i][0]["dgid"]].partition("/")[0] for i in live
+                    if qps[i][0]["dgid"] in self.gids}
+        per_port: dict[tuple[str | None, int], list[int]] = {}
+        for i in live:
+            q, dev = qps[i]
+            per_port.setdefault((dev, q["port"]), []).append(i)
+        to: dict[tuple[int, str], float] = {}  # (pid, peer host) -> bytes
+        known: set[int] = set()
+        for pid, ps in (sent or {}).items():
+            placed = [(self.ranks.get(rk), b) for rk, b in ps.bytes.items()]
+            if all(at is not None for at, _ in placed):
+                known.add(pid)
+                for at, b in placed:
+                    assert at is not None
+                    to[(pid, at[0])] = to.get((pid, at[0]), 0.0) + b
+        n_to: dict[tuple[int, str], int] = {}
+        for i, peer in dst_host.items():
+            n_to[(qps[i][0]["pid"], peer)] = n_to.get((qps[i][0]["pid"], peer), 0) + 1
+        out: dict[int, float] = {}
+        for members in per_port.values():
+            w = {}
+            for i in members:
+                pid = qps[i][0]["pid"]
+                if pid not in known or i not in dst_host:
+                    break
+                w[i] = to.get((pid, dst_host[i]), 0.0) / n_to[(pid, dst_host[i])]
+            total = sum(w.values())
+            if len(w) < len(members) or total <= 0:
+                out.update(dict.fromkeys(members, 1.0 / len(members)))
+            else:
+                out.update((i, x / total) for i, x in w.items())
+        return out
+
     def _measured(self, key: tuple[str, str], rate: float) -> float:
         d = self.demand.get(key)
         if d is None:
@@ -268,7 +345,7 @@ class Planner:
         d = self.demand.get((fl.host, rate_of[0]) if rate_of else key)
         if d is None:
             return fl.demand
-        return d.noise() / rate_of[1] if rate_of else d.noise()
+        return d.noise() * rate_of[1] if rate_of else d.noise()
 
     def _probe_result(self, host: str, body: dict[str, Any], now: float) -> None:
         asked = self.pending.pop(body["probe_id"], {})
@@ -315,6 +392,9 @@ class Planner:
                     self._gains(p):
                 self.apply(now)
         self.pathmap.expire(now)
+        if now - self.ranks_pruned > FLOW_TTL_S:
+            self.ranks_pruned = now
+            self.ranks = {k: v for k, v in self.ranks.items() if now - v[1] <= FLOW_TTL_S}
         self._probe(now)
 
     def react(self, now: float) -> bool:

@@ -1,0 +1,107 @@
+"""A QP's demand: its share of its port's transmit rate, weighted by what its process sent to
+the QP's destination host (NCCL's per-peer bytes in the plugin summaries of the `nccl`
+section), the peer ranks placed by their own hosts' reports."""
+from __future__ import annotations
+
+from tests.unit.test_planner_service import frame, hello, planner
+
+COMM = "c4a11ed000000001"
+STATS = ("creates", "create_failed", "modifies", "modify_failed", "destroys",
+         "destroy_failed", "map_full", "unreported", "read_failed", "netlink_errors",
+         "netlink_rejected")
+
+
+def gid(i: int) -> str:
+    return f"fe80:0000:0000:0000:0000:0000:0000:{i:04x}"
+
+
+def comm(rank: int, pid: int, sends: dict[int, int], recvs: dict[int, int],
+         job: str | None = "job-7") -> dict:
+    """A ring rank's summary: bytes sent to / received from peer ranks on channel 0."""
+    peers = [{"peer": r, "channel": 0, "dir": d, "bytes": b, "steps": b // 4096 or 1,
+              "net_wait_s": 0.01}
+             for d, by in (("send", sends), ("recv", recvs)) for r, b in by.items()]
+    return {"comm": COMM, "rank": rank, "nranks": 4, "seq_started": 10, "seq_completed": 9,
+            "colls": [{"func": "AllReduce", "count": 9, "bytes": 9 << 20, "time_s": 0.1}],
+            "peers": peers, "pid": pid, "job": job}
+
+
+def report(qps: list[tuple[int, int]], port_rate: float | None,
+           comms: list[dict] | None) -> dict:
+    """One process (pid 7) with RC QPs (lqpn, destination host index) on mlx5_0 port 1."""
+    rows = [{"pid": 7, "comm": "python", "lqpn": n, "rqpn": n + 1000, "qp_type": "RC",
+             "state": "RTS", "port": 1, "dgid": gid(h + 1), "flow_label": 0,
+             "sport": 0xC000 + n, "destroyed": False} for n, h in qps]
+    body: dict = {"interval": 1.0, "health": {}, "verbs_qp": {
+        "qps": rows, "live": len(rows), "deferred": 0, "stats": dict.fromkeys(STATS, 0),
+        "netlink": [{"dev": "mlx5_0", "port": 1, "lqpn": n, "rqpn": n + 1000,
+                     "qp_type": "RC", "state": "RTS", "pid": 7, "comm": "python"}
+                    for n, _ in qps]}}
+    if port_rate is not None:
+        body["rdma"] = {"ports": [{"dev": "mlx5_0", "port": 1, "state": "ACTIVE",
+                                   "counters": {}, "rates": {"port_xmit_bytes": port_rate}}]}
+    if comms is not None:
+        body["nccl"] = {"comms": comms}
+    return body
+
+
+def ring_planner():
+    """node000..node003 hold ranks 0..3 of one ring (each host's report places its rank);
+    every host's NIC announces its GID."""
+    p, t = planner()
+    for i, h in enumerate(sorted(t.hosts)):
+        body = hello(h, f"10.0.0.{i + 1}")
+        body["nics"][0]["ports"][0]["gids"] = [gid(i + 1)]
+        p.observe(frame("hello", h, body), 0.0)
+    return p, t
+
+
+def demands(p) -> dict[int, float]:
+    return {f.meta["lqpn"]: f.demand for (h, _), f in p.live_flows().items()
+            if h == "node000"}
+
+
+def test_a_ring_ranks_port_rate_goes_to_its_qps_to_the_next_rank_not_the_previous():
+    p, t = ring_planner()
+    for r, h in ((1, "node001"), (3, "node003")):
+        p.observe(frame("report", h, {"interval": 1.0, "health": {},
+                                      "nccl": {"comms": [comm(r, 9, {}, {})]}}), 0.5)
+    # rank 0 sends to rank 1 (node001) over QPs 100 and 101, receives from rank 3
+    # (node003) over QP 102, which carries only its receive credits
+    rep = report([(100, 1), (101, 1), (102, 3)], 9e9,
+                 [comm(0, 7, sends={1: 3 << 30}, recvs={3: 3 << 30})])
+    p.observe(frame("report", "node000", rep), 1.0)
+    d = demands(p)
+    assert d[100] == d[101] == 4.5e9 and d[102] == 0.0  # an equal split gave each 3e9
+    assert {f.job for f in p.live_flows().values()} == {"job-7"}
+
+
+def test_qps_split_the_port_equally_without_bytes_to_go_by():
+    p, t = ring_planner()
+    qps = [(100, 1), (101, 1), (102, 3)]
+    # no plugin on the host
+    p.observe(frame("report", "node000", report(qps, 9e9, None)), 1.0)
+    assert set(demands(p).values()) == {3e9}
+    # a peer rank no report has placed yet (node001's report not in): its bytes go nowhere
+    p.observe(frame("report", "node000", report(qps, 9e9, [
+        comm(0, 7, sends={1: 3 << 30}, recvs={3: 3 << 30})])), 2.0)
+    assert set(demands(p).values()) == {3e9}
+    # the process sent nothing this interval
+    p.observe(frame("report", "node001", {"interval": 1.0, "health": {},
+                                          "nccl": {"comms": [comm(1, 9, {}, {})]}}), 2.5)
+    p.observe(frame("report", "node000", report(qps, 9e9, [
+        comm(0, 7, sends={}, recvs={3: 3 << 30})])), 3.0)
+    assert set(demands(p).values()) == {3e9}
+    # unmeasured port: 1 per QP, as before
+    p.observe(frame("report", "node000", report(qps, None, [
+        comm(0, 7, sends={1: 3 << 30}, recvs={})])), 4.0)
+    assert set(demands(p).values()) == {1.0}
+
+
+def test_ranks_a_report_placed_are_forgotten_when_no_report_lists_them():
+    p, t = ring_planner()
+    p.observe(frame("report", "node001", {"interval": 1.0, "health": {},
+                                          "nccl": {"comms": [comm(1, 9, {}, {})]}}), 0.5)
+    assert p.ranks[(COMM, 1)][0] == "node001"
+    p.tick(100.0)
+    assert (COMM, 1) not in p.ranks
