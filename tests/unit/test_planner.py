@@ -306,6 +306,24 @@ def test_whole_flows_bound_the_optimum_above_the_lp():
     assert solver.cut_bound(inst) == pytest.approx(2.0) == solver.milp_optimum(inst)
 
 
+def test_a_current_placement_worse_than_the_greedy_leaves_it_the_whole_budget(monkeypatch):
+    # a plan keeps half its budget for a search from the flows' current paths only where
+    # that placement could win; where it is already worse, the placement at the whole-flow
+    # bound gets all of it (dual-plane at 1,024 GPUs stayed at 2.0 with half, for 1.75)
+    inst = solver.Instance(np.ones(2), np.ones(3), [[(0,), (1,)]] * 3)
+    given: list[float] = []
+    whole = solver._State.whole
+
+    def watched(self, deadline, prev):
+        given.append(deadline - time.perf_counter())
+        return whole(self, deadline, prev)
+
+    monkeypatch.setattr(solver._State, "whole", watched)
+    r = solver.Engine().plan(inst, [0, 0, 0], budget_s=10.0)  # all three on link 0: 3.0
+    assert r.max_util == pytest.approx(2.0)
+    assert given and given[0] > 9.0
+
+
 @SETTINGS
 @given(scenario())
 def test_the_whole_flow_bound_never_exceeds_the_integral_optimum(sc):
