@@ -3,6 +3,9 @@ the QP's destination host (NCCL's per-peer bytes in the plugin summaries of the 
 section), the peer ranks placed by their own hosts' reports."""
 from __future__ import annotations
 
+import os
+
+from tests.unit.test_nccl_collector import NOW, collector, ctx, golden, send  # noqa: F401
 from tests.unit.test_planner_service import frame, hello, planner
 
 COMM = "c4a11ed000000001"
@@ -27,15 +30,15 @@ def comm(rank: int, pid: int, sends: dict[int, int], recvs: dict[int, int],
 
 
 def report(qps: list[tuple[int, int]], port_rate: float | None,
-           comms: list[dict] | None) -> dict:
-    """One process (pid 7) with RC QPs (lqpn, destination host index) on mlx5_0 port 1."""
-    rows = [{"pid": 7, "comm": "python", "lqpn": n, "rqpn": n + 1000, "qp_type": "RC",
+           comms: list[dict] | None, pid: int = 7) -> dict:
+    """One process with RC QPs (lqpn, destination host index) on mlx5_0 port 1."""
+    rows = [{"pid": pid, "comm": "python", "lqpn": n, "rqpn": n + 1000, "qp_type": "RC",
              "state": "RTS", "port": 1, "dgid": gid(h + 1), "flow_label": 0,
              "sport": 0xC000 + n, "destroyed": False} for n, h in qps]
     body: dict = {"interval": 1.0, "health": {}, "verbs_qp": {
         "qps": rows, "live": len(rows), "deferred": 0, "stats": dict.fromkeys(STATS, 0),
         "netlink": [{"dev": "mlx5_0", "port": 1, "lqpn": n, "rqpn": n + 1000,
-                     "qp_type": "RC", "state": "RTS", "pid": 7, "comm": "python"}
+                     "qp_type": "RC", "state": "RTS", "pid": pid, "comm": "python"}
                     for n, _ in qps]}}
     if port_rate is not None:
         body["rdma"] = {"ports": [{"dev": "mlx5_0", "port": 1, "state": "ACTIVE",
@@ -105,3 +108,22 @@ def test_ranks_a_report_placed_are_forgotten_when_no_report_lists_them():
     assert p.ranks[(COMM, 1)][0] == "node001"
     p.tick(100.0)
     assert (COMM, 1) not in p.ranks
+
+
+def test_the_plugins_captured_summary_weights_the_qps_of_its_process(
+        collector, send, golden):  # noqa: F811 (the fixtures imported above)
+    # tests/fixtures/plugin/summary.bin, from the real plugin: rank 3 of 8 in a ring sends to
+    # rank 4 and receives from rank 2; the agent's collector turns it into the report's
+    # `nccl` section (pid from the socket's credentials: this process)
+    send(golden["summary"])
+    nccl = collector.collect(NOW).section
+    comm_id = nccl["comms"][0]["comm"]
+    p, t = ring_planner()
+    for r, h in ((4, "node001"), (2, "node003")):
+        other = dict(comm(r, 9, {}, {}), comm=comm_id, nranks=8)
+        p.observe(frame("report", h, {"interval": 1.0, "health": {},
+                                      "nccl": {"comms": [other]}}), 0.5)
+    rep = report([(100, 1), (101, 3)], 8e9, None, pid=os.getpid())
+    rep["nccl"] = nccl
+    p.observe(frame("report", "node000", rep), 1.0)
+    assert demands(p) == {100: 8e9, 101: 0.0}
