@@ -1215,7 +1215,8 @@ def replan(inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
 def sub_milp(st: _State, free: Sequence[int], level: float | None,
              prev: Sequence[int] | None, integral: bool, deadline: float,
              hold: float | None = None, warm_start: bool = True,
-             presolve: bool = True) -> tuple[float, dict[int, int], bool] | None:
+             presolve: bool = True,
+             status: list[str] | None = None) -> tuple[float, dict[int, int], bool] | None:
     """Re-place the flows in `free` over their candidates, every other flow where it is.
     `level` None: minimise the maximum utilisation (returned); with `hold`, arcs the fixed
     flows alone keep at `hold` or above only must not rise above it and are left out of the
@@ -1315,6 +1316,8 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
         h.setSolution(sol)
     h.run()
     if h.getInfo().primal_solution_status != 2:  # no feasible point
+        if status is not None:  # why: "Infeasible" (proved) or a limit
+            status.append(h.modelStatusToString(h.getModelStatus()))
         return None
     optimal = h.modelStatusToString(h.getModelStatus()) == "Optimal"
     x = h.getSolution().col_value
@@ -1372,18 +1375,18 @@ def best_known(inst: Instance, assign: Sequence[int], step: float,
                time_limit: float = 60.0) -> tuple[float, bool]:
     """Descend from `assign` by asking HiGHS for a placement of every flow at `step` below
     the maximum reached, `time_limit` seconds per ask (presolve off: far faster on these
-    feasibility MILPs). Returns the lowest maximum found and whether the last ask ended
-    before its time limit, which HiGHS does only having proved that none exists (then no
-    plan is `step` or more below it)."""
+    feasibility MILPs). Returns the lowest maximum found and whether HiGHS proved the last
+    ask infeasible (then no plan is `step` or more below it)."""
     st = Engine().state(inst)
     st.place_all(assign)
     while True:
         t0 = time.perf_counter()
         top = st.max_util()
+        why: list[str] = []
         got = sub_milp(st, range(inst.flows), top - step, None, True, t0 + time_limit,
-                       presolve=False, warm_start=False)
+                       presolve=False, warm_start=False, status=why)
         if got is None:
-            return top, time.perf_counter() - t0 < 0.9 * time_limit
+            return top, why == ["Infeasible"]
         st.reassign(got[1])
         if st.max_util() > top - step + EPS:  # within HiGHS's tolerance only
             return top, False

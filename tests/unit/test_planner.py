@@ -306,6 +306,15 @@ def test_whole_flows_bound_the_optimum_above_the_lp():
     assert solver.cut_bound(inst) == pytest.approx(2.0) == solver.milp_optimum(inst)
 
 
+def test_best_known_descends_to_the_optimum_and_says_when_highs_proved_it():
+    # three equal flows over two links, all on one (3.0): the optimum is 2.0, and no
+    # placement is lower
+    inst = solver.Instance(np.ones(2), np.ones(3), [[(0,), (1,)]] * 3)
+    assert solver.best_known(inst, [0, 0, 0], 0.005, 10.0) == (pytest.approx(2.0), True)
+    # a limit that stops HiGHS before it proves anything is not a proof
+    assert solver.best_known(inst, [0, 0, 0], 0.005, 1e-9) == (pytest.approx(3.0), False)
+
+
 def test_a_current_placement_worse_than_the_greedy_leaves_it_the_whole_budget(monkeypatch):
     # a plan keeps half its budget for a search from the flows' current paths only where
     # that placement could win; where it is already worse, the placement at the whole-flow
