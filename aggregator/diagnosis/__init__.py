@@ -73,6 +73,11 @@ class Diagnosis:
         with self.lock:
             self.model.paths = source
 
+    def sent_to_hosts(self, comm: str, rank: int) -> dict[str, int] | None:
+        """Model.sent_to_hosts (C4P weighs a process's QPs by it)."""
+        with self.lock:
+            return self.model.sent_to_hosts(comm, rank)
+
     def use_measurer(self, measurer: Measurer) -> None:
         """What measures the candidate links of a path finding (probes.py): the agents by
         default, the simulator in a replay of its run."""

@@ -565,6 +565,23 @@ class Model:
         got = self.addrs.get(addr)
         return self.nic_of_netdev(*got) if got is not None else None
 
+    def sent_to_hosts(self, comm: str, rank: int) -> dict[str, int] | None:
+        """Bytes `rank` of `comm` sent over its last report per peer host (each peer rank on
+        the host whose report listed it); None when the rank, or a peer it sent to, is not
+        placed."""
+        c = self.comms.get(comm)
+        rk = c.ranks.get(rank) if c else None
+        if c is None or rk is None:
+            return None
+        out: dict[str, int] = {}
+        for peer, (sent, _) in rk.sends.items():
+            if sent:
+                pr = c.ranks.get(peer)
+                if pr is None:
+                    return None
+                out[pr.host] = out.get(pr.host, 0) + sent
+        return out
+
     def rank_of_pid(self, host: str, pid: int | None) -> tuple[Comm, Rank] | None:
         ref = self.pids.get((host, pid)) if pid is not None else None
         comm = self.comms.get(ref[0]) if ref else None

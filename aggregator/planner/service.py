@@ -94,27 +94,37 @@ class Applied:
         return f"{host}/{flow_id}"
 
 
-class _Sent:
-    """One NCCL process's bytes sent per (communicator, peer rank) over a report's
-    interval, and its job."""
+ATTRIBUTED = 0.5  # of a port's transmitted bytes its QPs' processes must account for
 
-    __slots__ = ("bytes", "job")
+# (communicator, rank) -> bytes that rank sent over its last report per peer host; None when
+# a peer is not placed (Diagnosis.sent_to_hosts: diagnosis parses the nccl section first)
+SentToHosts = Callable[[str, int], "dict[str, int] | None"]
+
+
+class _Sent:
+    """One NCCL process's bytes sent per peer host over a report's interval (all its
+    ranks), whether every peer was placed, and its job."""
+
+    __slots__ = ("to", "placed", "job")
 
     def __init__(self) -> None:
-        self.bytes: dict[tuple[str, int], int] = {}
+        self.to: dict[str, int] = {}
+        self.placed = True
         self.job: str | None = None
 
 
 class Planner:
     def __init__(self, topology: Topology, cfg: PlanningConfig, db: sqlite3.Connection,
                  log: logging.Logger | None = None, name: str = "aggregator",
-                 incidents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 incidents: Callable[[], list[dict[str, Any]]] | None = None,
+                 sent_to_hosts: SentToHosts | None = None) -> None:
         self.topo = topology
         self.cfg = cfg
         self.db = db
         self.log = log or logging.getLogger("c4.aggregator.planner")
         self.name = name
         self.incidents = incidents or (lambda: [])
+        self.sent_to_hosts = sent_to_hosts
         migrate(db)
         # kept between plans: candidates per endpoint pair, the optimiser's last state
         self.model = Model(topology, cfg.suspect_factor)
@@ -128,10 +138,6 @@ class Planner:
         self.live: dict[tuple[str, str], Flow] = {}
         self.touched: set[tuple[str, str]] = set()
         self.gids: dict[str, str] = {}  # GID -> endpoint
-        # (communicator, rank) -> (host, when a report last listed it): NCCL's per-peer bytes
-        # weight the QPs to that host
-        self.ranks: dict[tuple[str, int], tuple[str, float]] = {}
-        self.ranks_pruned = 0.0
         self.addrs: dict[str, str] = {}  # IP -> endpoint
         self.ep_addr: dict[str, str] = {}  # endpoint -> IP
         self.outbox: list[tuple[str, str, dict[str, Any]]] = []  # (host, kind, body)
@@ -205,12 +211,14 @@ class Planner:
         rdma = body.get("rdma") or {}
         # each port's transmit rate, smoothed over the last reports (Demand)
         tx: dict[tuple[str, int], float] = {}
+        sent_bytes: dict[tuple[str | None, int], float] = {}  # what the port sent this interval
         for pt in rdma.get("ports", []):
             rate = pt.get("rates", {}).get("port_xmit_bytes")
             if rate is not None:
                 tx[(pt["dev"], pt["port"])] = self._measured(
                     (host, f"port:{pt['dev']}:{pt['port']}"), float(rate))
-        sent = self._sent(host, body.get("nccl"), now)
+                sent_bytes[(pt["dev"], pt["port"])] = float(rate) * float(body["interval"])
+        sent = self._sent(body.get("nccl"))
         vq = body.get("verbs_qp")
         if vq is not None:
             # the uprobe sees no device: the kernel's QP list (same lqpn and pid) names it,
@@ -223,7 +231,7 @@ class Planner:
             # indices, not the (dict, dev) pairs: membership stays O(1) per QP
             live = {i for i, (q, dev) in enumerate(qps) if dev and not q["destroyed"] and
                     q["state"] == "RTS" and q.get("dgid") and q.get("sport") is not None}
-            shares = self._qp_shares(qps, live, sent)
+            shares = self._qp_shares(qps, live, sent, sent_bytes)
             for i, (q, dev) in enumerate(qps):
                 fid = f"qp:{dev}:{q['lqpn']}"
                 flows.pop(fid, None)
@@ -271,63 +279,58 @@ class Planner:
             del flows[fid]
             self.touched.add((host, fid))
 
-    def _sent(self, host: str, nccl: dict[str, Any] | None,
-              now: float) -> dict[int, _Sent] | None:
-        """What each NCCL process of this report sent to each peer rank over the interval
-        (its plugin summaries), and the report's ranks as this host's."""
-        if nccl is None:
+    def _sent(self, nccl: dict[str, Any] | None) -> dict[int, _Sent] | None:
+        """What each NCCL process of this report sent to each peer host over the interval:
+        its ranks as the report lists them, their bytes and peers' hosts from diagnosis."""
+        if nccl is None or self.sent_to_hosts is None:
             return None
         out: dict[int, _Sent] = {}
         for c in nccl["comms"]:
-            self.ranks[(c["comm"], c["rank"])] = (host, now)
             pid = c.get("pid")
             if pid is None:
                 continue
             ps = out.setdefault(pid, _Sent())
             ps.job = ps.job or c.get("job")
-            for pe in c["peers"]:
-                if pe["dir"] == "send" and pe["bytes"]:
-                    k = (c["comm"], pe["peer"])
-                    ps.bytes[k] = ps.bytes.get(k, 0) + pe["bytes"]
+            to = self.sent_to_hosts(c["comm"], c["rank"])
+            if to is None:
+                ps.placed = False
+                continue
+            for h, b in to.items():
+                ps.to[h] = ps.to.get(h, 0) + b
         return out
 
     def _qp_shares(self, qps: list[tuple[dict[str, Any], str | None]], live: set[int],
-                   sent: dict[int, _Sent] | None) -> dict[int, float]:
+                   sent: dict[int, _Sent] | None,
+                   sent_bytes: dict[tuple[str | None, int], float]) -> dict[int, float]:
         """Each live QP's share of its port's transmit rate. A port's NIC counts its bytes,
         not its QPs': the share is what the QP's process sent to the QP's destination host
-        (NCCL's per-peer bytes; the peer's rank placed by its own host's report), divided
-        over that process's QPs to that host. A ring rank's QPs to the previous rank carry
-        only receive credits, and an equal split gave them half of its port. Where a QP on
-        the port has no such bytes to go by (no plugin, a peer rank no report placed yet)
-        or the port's QPs sent nothing, the QPs split the port equally."""
+        (NCCL's per-peer bytes), divided over that process's QPs to that host. A ring rank's
+        QPs to the previous rank carry only receive credits, and an equal split gave them
+        half of its port. The QPs split the port equally where one of them has no bytes to
+        go by (no plugin, a peer rank no report placed yet), where they sent nothing, or
+        where their processes account for less than `ATTRIBUTED` of what the port sent:
+        with PXN, NCCL's proxy in another process sends over this process's QPs, and that
+        process's plugin does not count those bytes (docs/plugin.md)."""
         dst_host = {i: self.gids[qps[i][0]["dgid"]].partition("/")[0] for i in live
                     if qps[i][0]["dgid"] in self.gids}
         per_port: dict[tuple[str | None, int], list[int]] = {}
         for i in live:
             q, dev = qps[i]
             per_port.setdefault((dev, q["port"]), []).append(i)
-        to: dict[tuple[int, str], float] = {}  # (pid, peer host) -> bytes
-        known: set[int] = set()
-        for pid, ps in (sent or {}).items():
-            placed = [(self.ranks.get(rk), b) for rk, b in ps.bytes.items()]
-            if all(at is not None for at, _ in placed):
-                known.add(pid)
-                for at, b in placed:
-                    assert at is not None
-                    to[(pid, at[0])] = to.get((pid, at[0]), 0.0) + b
-        n_to: dict[tuple[int, str], int] = {}
+        n_to: dict[tuple[int, str], int] = {}  # (pid, peer host) -> QPs
         for i, peer in dst_host.items():
             n_to[(qps[i][0]["pid"], peer)] = n_to.get((qps[i][0]["pid"], peer), 0) + 1
         out: dict[int, float] = {}
-        for members in per_port.values():
+        for port, members in per_port.items():
             w = {}
             for i in members:
-                pid = qps[i][0]["pid"]
-                if pid not in known or i not in dst_host:
+                ps = sent.get(qps[i][0]["pid"]) if sent else None
+                if ps is None or not ps.placed or i not in dst_host:
                     break
-                w[i] = to.get((pid, dst_host[i]), 0.0) / n_to[(pid, dst_host[i])]
+                w[i] = ps.to.get(dst_host[i], 0) / n_to[(qps[i][0]["pid"], dst_host[i])]
             total = sum(w.values())
-            if len(w) < len(members) or total <= 0:
+            if len(w) < len(members) or total <= 0 or \
+                    total < ATTRIBUTED * sent_bytes.get(port, 0.0):
                 out.update(dict.fromkeys(members, 1.0 / len(members)))
             else:
                 out.update((i, x / total) for i, x in w.items())
@@ -392,9 +395,6 @@ class Planner:
                     self._gains(p):
                 self.apply(now)
         self.pathmap.expire(now)
-        if now - self.ranks_pruned > FLOW_TTL_S:
-            self.ranks_pruned = now
-            self.ranks = {k: v for k, v in self.ranks.items() if now - v[1] <= FLOW_TTL_S}
         self._probe(now)
 
     def react(self, now: float) -> bool:
@@ -892,7 +892,8 @@ def build_planner(table: dict[str, Any], db: sqlite3.Connection, topology: Topol
     if topology is None or not cfg.enabled:
         return None
     planner = Planner(topology, cfg, db, logging.getLogger("c4.aggregator.planner"), name,
-                      (lambda: diagnosis.incidents("open")) if diagnosis is not None else None)
+                      (lambda: diagnosis.incidents("open")) if diagnosis is not None else None,
+                      diagnosis.sent_to_hosts if diagnosis is not None else None)
     if diagnosis is not None:  # C4D votes with learned paths and asks for probes
         diagnosis.use_paths(planner)
     return planner

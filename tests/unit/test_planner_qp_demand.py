@@ -1,12 +1,15 @@
 """A QP's demand: its share of its port's transmit rate, weighted by what its process sent to
 the QP's destination host (NCCL's per-peer bytes in the plugin summaries of the `nccl`
-section), the peer ranks placed by their own hosts' reports."""
+section, as diagnosis keeps them, each peer rank on the host whose report listed it)."""
 from __future__ import annotations
 
 import os
 
+from c4.aggregator.config import AggregatorConfig
+from c4.aggregator.planner.service import Sinks
+from c4.aggregator.server import build_core
 from tests.unit.test_nccl_collector import NOW, collector, ctx, golden, send  # noqa: F401
-from tests.unit.test_planner_service import frame, hello, planner
+from tests.unit.test_planner_service import frame, hello, topo_with_addresses
 
 COMM = "c4a11ed000000001"
 STATS = ("creates", "create_failed", "modifies", "modify_failed", "destroys",
@@ -48,15 +51,29 @@ def report(qps: list[tuple[int, int]], port_rate: float | None,
     return body
 
 
-def ring_planner():
-    """node000..node003 hold ranks 0..3 of one ring (each host's report places its rank);
-    every host's NIC announces its GID."""
-    p, t = planner()
-    for i, h in enumerate(sorted(t.hosts)):
-        body = hello(h, f"10.0.0.{i + 1}")
-        body["nics"][0]["ports"][0]["gids"] = [gid(i + 1)]
-        p.observe(frame("hello", h, body), 0.0)
-    return p, t
+class Ring:
+    """node000..node003 as the aggregator sees them: each frame to diagnosis, then to the
+    planner (Sinks, as ingest hands them over); every host's NIC announces its GID."""
+
+    def __init__(self) -> None:
+        t = topo_with_addresses()
+        self.core = build_core(AggregatorConfig(), db_path=":memory:", topology=t)
+        self.p = self.core.planner
+        self.sink = Sinks(self.core.diagnosis, self.p)
+        for i, h in enumerate(sorted(t.hosts)):
+            body = hello(h, f"10.0.0.{i + 1}")
+            body["nics"][0]["ports"][0]["gids"] = [gid(i + 1)]
+            self.observe("hello", h, body, 0.0)
+
+    def observe(self, kind: str, host: str, body: dict, now: float) -> None:
+        self.sink.observe(frame(kind, host, body), now)
+
+    def ranks(self, now: float, *placed: tuple[int, str], comm_id: str = COMM,
+              nranks: int = 4) -> None:
+        for r, h in placed:
+            c = dict(comm(r, 9, {}, {}), comm=comm_id, nranks=nranks)
+            self.observe("report", h, {"interval": 1.0, "health": {},
+                                       "nccl": {"comms": [c]}}, now)
 
 
 def demands(p) -> dict[int, float]:
@@ -65,49 +82,41 @@ def demands(p) -> dict[int, float]:
 
 
 def test_a_ring_ranks_port_rate_goes_to_its_qps_to_the_next_rank_not_the_previous():
-    p, t = ring_planner()
-    for r, h in ((1, "node001"), (3, "node003")):
-        p.observe(frame("report", h, {"interval": 1.0, "health": {},
-                                      "nccl": {"comms": [comm(r, 9, {}, {})]}}), 0.5)
+    lab = Ring()
+    lab.ranks(0.5, (1, "node001"), (3, "node003"))
     # rank 0 sends to rank 1 (node001) over QPs 100 and 101, receives from rank 3
     # (node003) over QP 102, which carries only its receive credits
     rep = report([(100, 1), (101, 1), (102, 3)], 9e9,
-                 [comm(0, 7, sends={1: 3 << 30}, recvs={3: 3 << 30})])
-    p.observe(frame("report", "node000", rep), 1.0)
-    d = demands(p)
+                 [comm(0, 7, sends={1: 8 << 30}, recvs={3: 8 << 30})])
+    lab.observe("report", "node000", rep, 1.0)
+    d = demands(lab.p)
     assert d[100] == d[101] == 4.5e9 and d[102] == 0.0  # an equal split gave each 3e9
-    assert {f.job for f in p.live_flows().values()} == {"job-7"}
+    assert {f.job for f in lab.p.live_flows().values()} == {"job-7"}
 
 
 def test_qps_split_the_port_equally_without_bytes_to_go_by():
-    p, t = ring_planner()
+    lab = Ring()
     qps = [(100, 1), (101, 1), (102, 3)]
+    sends = [comm(0, 7, sends={1: 8 << 30}, recvs={3: 8 << 30})]
     # no plugin on the host
-    p.observe(frame("report", "node000", report(qps, 9e9, None)), 1.0)
-    assert set(demands(p).values()) == {3e9}
+    lab.observe("report", "node000", report(qps, 9e9, None), 1.0)
+    assert set(demands(lab.p).values()) == {3e9}
     # a peer rank no report has placed yet (node001's report not in): its bytes go nowhere
-    p.observe(frame("report", "node000", report(qps, 9e9, [
-        comm(0, 7, sends={1: 3 << 30}, recvs={3: 3 << 30})])), 2.0)
-    assert set(demands(p).values()) == {3e9}
+    lab.observe("report", "node000", report(qps, 9e9, sends), 2.0)
+    assert set(demands(lab.p).values()) == {3e9}
     # the process sent nothing this interval
-    p.observe(frame("report", "node001", {"interval": 1.0, "health": {},
-                                          "nccl": {"comms": [comm(1, 9, {}, {})]}}), 2.5)
-    p.observe(frame("report", "node000", report(qps, 9e9, [
-        comm(0, 7, sends={}, recvs={3: 3 << 30})])), 3.0)
-    assert set(demands(p).values()) == {3e9}
+    lab.ranks(2.5, (1, "node001"))
+    lab.observe("report", "node000", report(qps, 9e9, [
+        comm(0, 7, sends={}, recvs={3: 8 << 30})]), 3.0)
+    assert set(demands(lab.p).values()) == {3e9}
+    # the port sent 3x what the process accounts for: PXN's proxy of another process sends
+    # over these QPs, and that process's plugin counts none of it
+    lab.observe("report", "node000", report(qps, 9e9, [
+        comm(0, 7, sends={1: 3 << 30}, recvs={3: 3 << 30})]), 4.0)
+    assert set(demands(lab.p).values()) == {3e9}
     # unmeasured port: 1 per QP, as before
-    p.observe(frame("report", "node000", report(qps, None, [
-        comm(0, 7, sends={1: 3 << 30}, recvs={})])), 4.0)
-    assert set(demands(p).values()) == {1.0}
-
-
-def test_ranks_a_report_placed_are_forgotten_when_no_report_lists_them():
-    p, t = ring_planner()
-    p.observe(frame("report", "node001", {"interval": 1.0, "health": {},
-                                          "nccl": {"comms": [comm(1, 9, {}, {})]}}), 0.5)
-    assert p.ranks[(COMM, 1)][0] == "node001"
-    p.tick(100.0)
-    assert (COMM, 1) not in p.ranks
+    lab.observe("report", "node000", report(qps, None, sends), 5.0)
+    assert set(demands(lab.p).values()) == {1.0}
 
 
 def test_the_plugins_captured_summary_weights_the_qps_of_its_process(
@@ -117,13 +126,11 @@ def test_the_plugins_captured_summary_weights_the_qps_of_its_process(
     # `nccl` section (pid from the socket's credentials: this process)
     send(golden["summary"])
     nccl = collector.collect(NOW).section
-    comm_id = nccl["comms"][0]["comm"]
-    p, t = ring_planner()
-    for r, h in ((4, "node001"), (2, "node003")):
-        other = dict(comm(r, 9, {}, {}), comm=comm_id, nranks=8)
-        p.observe(frame("report", h, {"interval": 1.0, "health": {},
-                                      "nccl": {"comms": [other]}}), 0.5)
-    rep = report([(100, 1), (101, 3)], 8e9, None, pid=os.getpid())
+    (c,) = nccl["comms"]
+    lab = Ring()
+    lab.ranks(0.5, (4, "node001"), (2, "node003"), comm_id=c["comm"], nranks=8)
+    sent = sum(p["bytes"] for p in c["peers"] if p["dir"] == "send")
+    rep = report([(100, 1), (101, 3)], sent * 1.05, None, pid=os.getpid())  # + headers
     rep["nccl"] = nccl
-    p.observe(frame("report", "node000", rep), 1.0)
-    assert demands(p) == {100: 8e9, 101: 0.0}
+    lab.observe("report", "node000", rep, 1.0)
+    assert demands(lab.p) == {100: sent * 1.05, 101: 0.0}
