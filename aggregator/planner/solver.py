@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import math
 import operator
 import os
 import random
@@ -785,11 +786,11 @@ class _State:
         if prev is not None and changed:  # else restore's fixed point holds (66 ms at 32k flows)
             self.restore(prev)
 
-    def whole(self, deadline: float, prev: Sequence[int] | None) -> None:
+    def whole(self, deadline: float, prev: Sequence[int] | None, bound: float) -> None:
         """Where whole flows bound the maximum above the LP (a few large flows share few
-        links: `cut_bound`) and the plan is above that bound, ask HiGHS for a placement of
-        every flow at the bound, moving the fewest from `prev`."""
-        bound = _cut_bound(self)
+        links: `bound`, `_cut_bound`) and the plan is above that bound, ask HiGHS for a
+        placement of every flow at the bound, then undo the moves from `prev` it does not
+        need."""
         if self.max_util() <= bound + EPS:
             return
         # HiGHS's presolve took 0.4-0.6 s of the 0.6-0.8 s it needed here (dual-plane at
@@ -1052,21 +1053,23 @@ class Engine:
         st.improve(deadline)
         if current is not None:
             st.restore(current)
-        st = self._restarts(st, inst, current, t0, t0 + RESTARTS * budget_s, deadline)
+        # the whole-flow bound depends on the candidates only: one for every state (24-106
+        # ms at 2,048-8,192 flows), computed when first needed
+        cut = functools.cache(functools.partial(_cut_bound, st))
+        st = self._restarts(st, inst, current, t0, t0 + RESTARTS * budget_s, cut)
         # the search from scratch gets half of what is left when the current placement
         # competes, which it can only where it is no worse than this state (the search never
         # rises); a half kept for it regardless starved the placement at the whole-flow bound
         # (dual-plane at 1,024 GPUs stayed at 2.0 for 1.75)
-        compete = complete and current is not None and \
-            max_util(inst, current) <= st.max_util() + EPS
+        now_util = max_util(inst, current) if complete and current is not None else math.inf
+        compete = now_util <= st.max_util() + EPS
         mid = deadline if not compete else (time.perf_counter() + deadline) / 2
         if inst.flows <= WHOLE:
-            st.whole(mid, current)
+            st.whole(mid, current, cut())
         st.search(mid, current)
         best = _result(st, current, t0)
         self.last = st
-        if compete and current is not None and \
-                max_util(inst, current) <= best.max_util + EPS:
+        if compete and current is not None and now_util <= best.max_util + EPS:
             self.last = None  # the search from the current paths needs a state of its own
             kept = self.replan(inst, current, max(0.0, deadline - time.perf_counter()),
                                search=True)
@@ -1082,16 +1085,16 @@ class Engine:
         return best
 
     def _restarts(self, st: _State, inst: Instance, current: Sequence[int] | None,
-                  t0: float, until: float, deadline: float) -> _State:
+                  t0: float, until: float, cut: Callable[[], float]) -> _State:
         """The greedy again with equal demands in other orders, each improved, while one
         more fits before `until` (each costs about what the first did); the lowest maximum
         wins. Improvement stops at the first level it cannot clear, and where it stops
-        depends on that order: at 1,024 GPUs one order in three to six cleared levels no
-        search from the first did (1.625 -> 1.525, the best HiGHS finds in minutes)."""
+        depends on that order: at 1,024 GPUs (bench/planner's `jobs`) the first stops at
+        1.625 where others reach 1.525, the best HiGHS finds in minutes (test_planner.py)."""
         cost = time.perf_counter() - t0
         if inst.flows <= HOOD or time.perf_counter() + cost >= until:
             return st  # the search's MILP takes every flow: it finds what an order would
-        floor = max(st.fixed_util, _cut_bound(st))  # no order goes below
+        floor = max(st.fixed_util, cut())  # no order goes below
         rng = random.Random(inst.flows)
         order = list(range(inst.flows))
         while st.max_util() > floor + EPS and time.perf_counter() + cost < until:
