@@ -388,8 +388,9 @@ class OutageDetector:
         self._set_aside(covers, bad, start - PAIR_S)
         cells = {k: sorted({c for _, cell in conns for c in cell.comps})
                  for k, conns in covers.items()}
-        if len({host[k] for k in bad}) < MIN_HOSTS:
-            return self._lone(bad, covers, cells, host, beats)
+        lone = self._lone(bad, covers, cells, host, beats)
+        if lone is not None:
+            return lone
         ranked = localise.rank(bad, cells)
         top = ranked[0] if ranked else None
         topo = self.model.topology
@@ -411,22 +412,37 @@ class OutageDetector:
 
     def _lone(self, bad: set[Hashable], covers: dict[Hashable, list[Conn]],
               cells: dict[Hashable, list[localise.Component]], host: dict[Hashable, str],
-              beats: dict[str, int]) -> list[Named]:
-        """One host's connections time out across a link only they cross: no second host
+              beats: dict[str, int]) -> list[Named] | None:
+        """One NIC pair's connections time out across a link only they cross: no other host
         separates the links of their path (lab run E: a flap of leaf03-spine01, which only
-        node005 -> node007 crossed, opened nothing). With its NIC's timeouts and
-        per-connection evidence (a stuck connection, a retransmitting flow) that all joins
-        one NIC pair, the path is named with its candidate links at the confidence the
-        evidence gives (localise.name: split between them, not localised); probes.py's
-        measuring probes may then single one out."""
+        node005 -> node007 crossed, opened nothing). With its sender NIC's timeouts and
+        per-connection evidence (a stuck connection, a retransmitting flow) that all joins one
+        NIC pair, the path is named with its candidate links at the confidence the evidence
+        gives (localise.name: split between them, not localised); probes.py's measuring probes
+        may then single one out. None where the bad observations reach beyond that pair's
+        hosts: MIN_HOSTS senders separate the links."""
         per = [k for k in bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
-        if not per or not any(isinstance(k, tuple) and k[0] == "nic" for k in bad):
-            return []
         ends = {_ends(m, cell) for k in per for m, cell in covers[k]}
-        ranked = localise.rank(bad, cells)
-        if len(ends) != 1 or None in ends or not ranked or ranked[0].kind != "link":
+        pair = ends.pop() if len(ends) == 1 else None
+        src, _, dst = (pair or "").partition("->")
+        hosts = {host[k] for k in bad}
+        if len(hosts) >= MIN_HOSTS and (
+                pair is None or hosts != {src.partition("/")[0], dst.partition("/")[0]}):
+            return None
+        # The receiver sends too (NCCL's clear-to-send writes, the lab ring's replies) and the
+        # acks of that come back on the sender's 5-tuple, the data's way: a blackhole on it
+        # times the receiver out as well, which says nothing about the ways the receiver's
+        # own connections take (a 1 s flap of leaf03-spine01 timed node007 out with
+        # node005: its NIC's observation, on node007's own sends, named host node007)
+        recv = {k for k in bad if isinstance(k, tuple) and k[0] == "nic"
+                and host[k] == dst.partition("/")[0] != src.partition("/")[0]}
+        bad = bad - recv
+        if pair is None or not any(isinstance(k, tuple) and k[0] == "nic" for k in bad):
             return []
-        return [self._finding(ranked[0], covers, host, beats, ends.pop())]
+        ranked = localise.rank(bad, {k: c for k, c in cells.items() if k not in recv})
+        if not ranked or ranked[0].kind != "link":
+            return []
+        return [self._finding(ranked[0], covers, host, beats, pair)]
 
     def _set_aside(self, covers: dict[Hashable, list[Conn]], bad: set[Hashable],
                    since: float) -> None:

@@ -176,17 +176,20 @@ def test_flapping_fabric_link_names_the_link(lab: LabState, steady: str) -> None
 @pytest.mark.fixed_paths
 def test_a_flap_only_one_host_crosses_is_named_by_measuring(lab: LabState, steady: str) -> None:
     """The down link of a lone host pair (the default ring: node005 -> node007 down
-    leaf03-spine01): only one host times out, so nothing separates the links of its path
-    (outage.py names the path; before, nothing) and the measuring probes see the down phases
-    as loss on the one leg that crosses it (live, 2026-12-01: 21 of 3,600 datagrams lost on it,
-    6 on the other leg; rounds no longer at the flap's own 4 s period). A plan moving the
-    ring's connections would change which pairs cross the link: C4P only proposes here."""
+    leaf03-spine01): only that pair times out (node005, and node007 on its replies' acks),
+    so nothing separates the links of its path (outage.py names the path; before, nothing)
+    and the measuring probes see the down phases: the leg from leaf03 finds no port to
+    spine01 (signal `down`; 2026-12-07, named in 58 s). Loss does not separate the legs:
+    spine01 polices its ICMP and the ring's blackholed traffic spends it, so the leg from
+    leaf02 lost as much (1,319 of 4,800; 1,345 of 4,000). Until 2026-12-07 the lab's flap
+    came up after 30-40 ms, and a CI run saw nothing named in 150 s. A plan moving the ring's
+    connections would change which pairs cross the link: C4P only proposes here."""
     lone = sorted(lk for lk, pairs in down_pairs(lab, steady).items() if len(pairs) == 1)
     if not lone:
         pytest.skip("every down link carries several host pairs in this run")
     f = faults.inject(lab, "flap", lone[0], {"down_s": 1.0, "up_s": 3.0})
-    # no target for a lone link's flap: the probes see its 1 s phases in a few rounds (named
-    # 28-74 s after the flap began in 3 local runs)
+    # no target for a lone link's flap: the probes must catch its 1 s phases in a round's
+    # port choice twice
     inc, took = wait_named(lab, f, 150)
     print(f"named in {took:.1f} s:", inc["evidence"]["probe"])
     assert inc["evidence"]["probe"]["named"] == lone[0], inc["evidence"]

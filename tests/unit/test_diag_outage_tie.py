@@ -82,6 +82,33 @@ def test_a_link_only_one_host_crosses_is_named_as_its_path(tmp_path: Path) -> No
     assert inc["localised"] is None
 
 
+def test_a_lone_path_whose_receiver_times_out_too_is_named_as_its_path(tmp_path: Path) -> None:
+    """27-flap-leaf03-spine01-both-ends: the same lone pair under a flap that stays down its
+    whole 1 s (09 was recorded while the lab's flap came up again after 30-40 ms). node007,
+    the receiver, now times out too: its replies' acks come back the blackholed way. Its NIC's
+    observation covered node007's own sends, none through the link, and host node007 explained
+    both NICs: nothing was opened in 80 s of flapping (a CI run's root test). The receiver's
+    timeouts are the pair's: named as its path, the link among the candidates."""
+    name = "27-flap-leaf03-spine01-both-ends"
+    rec, truth = unpack(name, tmp_path)
+    timed = set()  # hosts whose NIC counted ACK timeouts after the injection
+    start = truth["epoch"] + truth["faults"][0]["start"]
+    last: dict[str, int] = {}
+    for data in record.read(rec):
+        f = wire.decode(data)
+        for port in (f.body.get("rdma") or {}).get("ports", []) if f.kind == "report" else ():
+            n = port["counters"].get("local_ack_timeout_err")
+            if n is not None and f.ts > start and n > last.get(f.host, n):
+                timed.add(f.host)
+            if n is not None:
+                last[f.host] = n
+    assert timed == {"node005", "node007"}
+    (inc,) = run(rec, truth)
+    assert inc["suspects"][0]["id"] == "node005/mlx5_0->node007/mlx5_0", inc["suspects"]
+    assert "leaf03-spine01" in inc["evidence"]["candidate_links"]
+    assert inc["localised"] is None
+
+
 def test_a_bystander_retransmitting_at_another_hosts_timeouts_names_nothing(
         tmp_path: Path) -> None:
     """09-flap-leaf03-spine01 with a bystander, as a live root test run showed it
