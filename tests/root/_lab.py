@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from c4.core.topology import Topology
 from c4.lab import api, control, netns, runs
 from c4.lab.state import LabState
 
@@ -44,6 +45,14 @@ def into_leaf_bytes(st: LabState, link: str, seconds: float = 2.0) -> int:
     before = rx()
     time.sleep(seconds)
     return rx() - before
+
+
+def small_topology(tmp_path: Path) -> str:
+    """4 hosts of one NIC under 2 leaves, 2 spines: node000 and node001 under leaf00."""
+    path = tmp_path / "small.json"
+    Topology.leaf_spine(4, gpus_per_host=1, leaves=2, spines=2, nics_per_host=1, nic_gbps=0.4,
+                        fabric_gbps=0.1).save(path)
+    return str(path)
 
 
 def new_prefix() -> str:
