@@ -115,12 +115,18 @@ class Result:
     seconds: float = 0.0
 
 
-def loads(inst: Instance, assign: Sequence[int]) -> np.ndarray:
+def arc_sums(inst: Instance, assign: Sequence[int], *per_flow: np.ndarray) -> list[np.ndarray]:
+    """Per arc, the sum of each per-flow array over the flows whose assigned path crosses it
+    (the paths gathered once for all of them)."""
     paths = [c[k] for c, k in zip(inst.cand, assign)]
     lens = np.fromiter(map(len, paths), dtype=np.intp, count=len(paths))
     flat = np.fromiter(chain.from_iterable(paths), dtype=np.intp, count=int(lens.sum()))
-    return inst.base + np.bincount(flat, weights=np.repeat(inst.demand, lens),
-                                   minlength=len(inst.cap))
+    return [np.bincount(flat, weights=np.repeat(x, lens), minlength=len(inst.cap))
+            for x in per_flow]
+
+
+def loads(inst: Instance, assign: Sequence[int]) -> np.ndarray:
+    return inst.base + arc_sums(inst, assign, inst.demand)[0]
 
 
 def max_util(inst: Instance, assign: Sequence[int]) -> float:
