@@ -126,7 +126,8 @@ def arc_sums(inst: Instance, assign: Sequence[int], *per_flow: np.ndarray) -> li
 
 
 def loads(inst: Instance, assign: Sequence[int]) -> np.ndarray:
-    return inst.base + arc_sums(inst, assign, inst.demand)[0]
+    out: np.ndarray = inst.base + arc_sums(inst, assign, inst.demand)[0]
+    return out
 
 
 def max_util(inst: Instance, assign: Sequence[int]) -> float:
