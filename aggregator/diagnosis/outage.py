@@ -541,7 +541,9 @@ class OutageDetector:
         unlocalised incident opened before it would be the ring's hang's to take over."""
         keys = [k for k in top.bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
         last = max((t for q in self.beats.values() for t, _ in q), default=now)
-        if now - last < PAIR_S:
+        # a flap is never over while it lasts: its phases, apart, gave the blackhole's way
+        # its chances (bench/lab, 1 s / 3 s flaps: the tie opened only after the heal)
+        if now - last < PAIR_S and not self._phased(keys, host, now - WINDOW_S):
             return []
         # an outage, not loss, as the blackhole's tie-break asks (a lossy link's tie is the
         # loss detector's, and measuring a second tie beside it slows both: a CI run's 5 %
@@ -551,7 +553,11 @@ class OutageDetector:
         crossed = [_fabric(covers[k]) for k in keys]
         common = _common_cables(crossed)
         mass = _cable_mass(ranked)
-        tied = sorted(common, key=lambda c: (-mass.get(c, 0.0), c))
+        # the cables the top hypothesis names beside its own (aliases: the same observations
+        # exactly) tie with the fabric ones: a host's access cable where every bad connection
+        # goes into or out of that host (a bench/lab flap of leaf00-spine00 after C4P's plan:
+        # the cable both ways and node001's, 0.5 each, and nothing opened)
+        tied = sorted(common | set(_cables(top)), key=lambda c: (-mass.get(c, 0.0), c))
         if len(tied) < 2 or localise.link_name(top.id)[0] not in common or \
                 sum(mass.get(c, 0.0) for c in tied) < self.cfg.localise_confidence:
             return []
@@ -594,8 +600,11 @@ class OutageDetector:
     def _phased(self, keys: list[tuple[Any, ...]], host: dict[Hashable, str],
                 start: float) -> bool:
         """Whether the bad flows lost traffic in separate outages, not continuously: each moved
-        data cleanly in more reports than it retransmitted in between its first retransmitting
-        report and its last, and their senders' ACK timeouts fall in MIN_BEATS phases or more
+        data cleanly in more than half as many reports as it retransmitted in, between its
+        first retransmitting report and its last (a 1 s / 3 s flap that stays down its second:
+        retransmits in about half its reports, RTOs backing off past the down phase; clean in
+        more than all of them, 2026-12-07's bench/lab flaps were no outage), and their
+        senders' ACK timeouts fall in MIN_BEATS phases or more
         (PHASE_GAP_S apart), each timing out MIN_HOSTS of them at once. A lossy link makes
         its flows retransmit report after report; a flapping one stops them all together,
         phase after phase, and passes their data cleanly between (fixtures 19, a flap: an
@@ -607,7 +616,7 @@ class OutageDetector:
             if fc is None:
                 return False
             lost = sorted(t for t in fc.retrans if t >= start)
-            if not lost or sum(1 for t in fc.clean if lost[0] < t < lost[-1]) <= len(lost):
+            if not lost or 2 * sum(1 for t in fc.clean if lost[0] < t < lost[-1]) <= len(lost):
                 return False
         hosts = {host[k] for k in flows}
         timeouts = sorted((t, nic.partition("/")[0]) for nic, q in self.beats.items()
