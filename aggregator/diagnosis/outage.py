@@ -538,7 +538,9 @@ class OutageDetector:
         its two ends, and opened nothing: its leaf no longer forwarding to the spine is what
         the measuring legs then see. Not sooner: while the timeouts go on, the blackhole's
         way may still name one (lab run M's down of leaf02-spine00, at 3.9 s), and an
-        unlocalised incident opened before it would be the ring's hang's to take over."""
+        unlocalised incident opened before it would be the ring's hang's to take over; but a
+        phased outage (a flap) at once. The candidates include the top hypothesis's own cable
+        aliases (a host's access cable)."""
         keys = [k for k in top.bad if isinstance(k, tuple) and k[0] in ("conn", "flow")]
         last = max((t for q in self.beats.values() for t, _ in q), default=now)
         # a flap is never over while it lasts: its phases, apart, gave the blackhole's way
@@ -601,9 +603,9 @@ class OutageDetector:
                 start: float) -> bool:
         """Whether the bad flows lost traffic in separate outages, not continuously: each moved
         data cleanly in more than half as many reports as it retransmitted in, between its
-        first retransmitting report and its last (a 1 s / 3 s flap that stays down its second:
-        retransmits in about half its reports, RTOs backing off past the down phase; clean in
-        more than all of them, 2026-12-07's bench/lab flaps were no outage), and their
+        first retransmitting report and its last (through a 1 s / 3 s flap a flow retransmits
+        in about half its reports, its timer backing off past the down phase: asking for more
+        clean reports than those left bench/lab's flaps of 2026-12-07 no outage), and their
         senders' ACK timeouts fall in MIN_BEATS phases or more
         (PHASE_GAP_S apart), each timing out MIN_HOSTS of them at once. A lossy link makes
         its flows retransmit report after report; a flapping one stops them all together,
