@@ -128,4 +128,3 @@ def test_clean_traffic_raises_no_incident(lab: LabState, ring: str) -> None:
     d = runs.run_info(lab, ring)[1]["dir"]
     assert len([s for s in read_steps(d) if "step" in s]) > 30
     assert api.incidents(lab) == []
-

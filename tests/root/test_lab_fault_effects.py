@@ -21,10 +21,15 @@ from ._lab import new_prefix, small_topology
 pytestmark = pytest.mark.root
 PORT = 40123
 
+# The receivers say "ready" once bound (a datagram or connect before that is lost to the
+# test, not to the fault) and the datagram receiver's buffer holds every datagram sent (a
+# receiver descheduled on a loaded machine drops from a default buffer: ~270 of them).
 RECEIVE = """
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)  # SO_RCVBUFFORCE (root)
 s.bind((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
 s.settimeout(5.0)
 n = 0
 try:
@@ -51,6 +56,7 @@ if sys.argv[1] == "recv":
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((sys.argv[2], int(sys.argv[3])))
     srv.listen(1)
+    print("ready", flush=True)
     c, _ = srv.accept()
     n, t0 = 0, None
     while True:
@@ -91,28 +97,37 @@ def _py(ns: str, code: str, *argv: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _delivered(fab: Fabric, src: str, dst: str, count: int) -> int:
-    """Datagrams of `count` from host `src` that host `dst` received."""
+def _ready(rx: subprocess.Popen[str]) -> None:
+    assert rx.stdout is not None
+    line = rx.stdout.readline()
+    assert line.strip() == "ready", (line, rx.stderr.read() if rx.stderr else "")
+
+
+def _between(fab: Fabric, src: str, dst: str, recv: list[str], send: list[str]) -> str:
+    """Run a receiver (code, then its arguments) on host `dst` and, once it is ready, a
+    sender on host `src`; "{src}" and "{dst}" in the arguments are the hosts' addresses.
+    Returns what the receiver printed last."""
     (sns, saddr), (dns, daddr) = _host(fab, src), _host(fab, dst)
-    rx = _py(dns, RECEIVE, daddr, str(PORT))
-    time.sleep(0.5)
-    tx = _py(sns, SEND, saddr, daddr, str(PORT), str(count))
+    addr = {"{src}": saddr, "{dst}": daddr}
+    rx = _py(dns, recv[0], *[addr.get(a, a) for a in recv[1:]])
+    _ready(rx)
+    tx = _py(sns, send[0], *[addr.get(a, a) for a in send[1:]])
     assert tx.wait(60) == 0, tx.stderr.read() if tx.stderr else ""
     out, err = rx.communicate(timeout=30)
     assert rx.returncode == 0, err
-    return int(out)
+    return out.strip()
+
+
+def _delivered(fab: Fabric, src: str, dst: str, count: int) -> int:
+    """Datagrams of `count` from host `src` that host `dst` received."""
+    return int(_between(fab, src, dst, [RECEIVE, "{dst}", str(PORT)],
+                        [SEND, "{src}", "{dst}", str(PORT), str(count)]))
 
 
 def _mbit(fab: Fabric, src: str, dst: str, seconds: float = 3.0) -> float:
     """TCP goodput from host `src` to host `dst`, Mbit/s."""
-    (sns, saddr), (dns, daddr) = _host(fab, src), _host(fab, dst)
-    rx = _py(dns, STREAM, "recv", daddr, str(PORT))
-    time.sleep(0.5)
-    tx = _py(sns, STREAM, "send", saddr, daddr, str(PORT), str(seconds))
-    assert tx.wait(60) == 0, tx.stderr.read() if tx.stderr else ""
-    out, err = rx.communicate(timeout=30)
-    assert rx.returncode == 0, err
-    return float(out)
+    return float(_between(fab, src, dst, [STREAM, "recv", "{dst}", str(PORT)],
+                          [STREAM, "send", "{src}", "{dst}", str(PORT), str(seconds)]))
 
 
 def test_loss_drops_its_percent_in_its_direction_only(small: LabState) -> None:
