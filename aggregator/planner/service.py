@@ -658,9 +658,10 @@ class Planner:
         return Job(b, now, reason, replan, self.seq, t0, self.planned_util, noise_of,
                    held_back)
 
-    # the split of a first plan's candidate lists allocates as the build does (at 32,768
-    # flows: 0.16 s with the collector paused, 0.37-0.45 s with it running; bench/planner's
-    # service_plan_ms)
+    # the split of a first plan's candidate lists allocates as the build does: with the
+    # collector running (and the noise margin gathering paths twice) a fresh aggregator's
+    # first 16,384-GPU proposal took 1.81-1.94 s, 1.38-1.40 s now (bench/planner --case jobs
+    # --gpus 16384, service_plan_ms)
     @solver.without_gc
     def solve(self, job: Job) -> Proposal:
         """A proposal for `job`. Reads nothing the aggregator's lock guards (the input is
