@@ -92,17 +92,17 @@ def elastic(inst: Instance, current: Sequence[int], shared: Sequence[tuple[int, 
         # its other connections wait for the held ones and look limited by the application;
         # planned at that pace, one placed beside a held flow fills the link once the job
         # speeds up, and the next plan moves another (lab run V: three plans)
-        pace: dict[str, float] = {}
-        for f in np.flatnonzero(held).tolist():
-            j = jobs[f]
-            if j is not None:
-                pace[j] = min(pace.get(j, math.inf), float(d[f]))
-        if pace:
-            dl = d.tolist()
-            for f, j in enumerate(jobs):
-                at = pace.get(j) if j is not None else None
-                if at is not None and cur[f] >= 0 and dl[f] >= LARGEST * at:
-                    held[f] = True
+        code: dict[str, int] = {}
+        job = np.fromiter((-1 if j is None else code.setdefault(j, len(code)) for j in jobs),
+                          dtype=np.intp, count=n)
+        if code:
+            # each job's pace: its slowest held flow (arrays: nearly every flow of a
+            # 32,768-flow plan can be held)
+            mine = held & (job >= 0)
+            pace = np.full(len(code), np.inf)
+            np.minimum.at(pace, job[mine], d[mine])
+            at = np.where(job >= 0, pace[np.maximum(job, 0)], np.inf)
+            held |= (cur >= 0) & (d >= LARGEST * at)
     # every planned flow shares its shared arcs as if elastic (Hedera): a held flow's estimate
     # must not follow its siblings' measured rates, which change with the plan (lab: a
     # sibling moved onto an emptier link ran at the ring's pace, left the held flow the rest

@@ -326,8 +326,15 @@ class Model:
             return
         if self.off:
             self.off.pop(k, None)
-        path = self._path(fl)
-        cur = pr.paths.index(path) if path in pr.paths else -1
+        # the candidate its own port takes: the pair holds the fresh ports of each usable
+        # path (what `_path` and an index into `paths` find, without the path map)
+        sport = fl.sport
+        cur = -1
+        if sport is not None:
+            for i, ports in enumerate(pr.ports):
+                if sport in ports:
+                    cur = i
+                    break
         if pos is None:
             self.at[k] = len(self.keys)
             self.keys.append(k)

@@ -396,6 +396,13 @@ class Planner:
                 self.apply(now)
         self.pathmap.expire(now)
         self._probe(now)
+        # what a re-plan of an unapplied plan starts from, set up once the plan is out (never
+        # waiting for a plan the API is making outside the aggregator's lock)
+        if self.solving.acquire(blocking=False):
+            try:
+                self.engine.settle()
+            finally:
+                self.solving.release()
 
     def react(self, now: float) -> bool:
         """Link health from C4D's open incidents; when it changed, the re-plan (applied
@@ -684,7 +691,9 @@ class Planner:
                                          np.maximum(b.inst.demand, 1e-12), job.noise)
                 b.inst = dataclasses.replace(b.inst, demand=demand)
                 held_back = {b.keys[f]: float(demand[f]) for f in np.flatnonzero(back)}
-            current_util = solver.max_util(b.inst, b.current) if complete else None
+            # the current placement's loads, and its noise where a margin is wanted (one
+            # pass over 32,768 paths costs ~25 ms)
+            cur = _busiest(b.inst, b.current, job.noise) if complete else None
             if job.replan:
                 # restore the utilisation the last proposal or plan reached, moving little
                 # what is left, less a margin for the ports and the proposal after it
@@ -692,9 +701,11 @@ class Planner:
                 r = self.engine.replan(b.inst, b.current, left - PORTS_S, job.target)
             else:
                 r = self.engine.plan(b.inst, b.current, self.cfg.budget_s)
-        margin = _noise_margin(b, (b.current, r.assign), job.noise) \
-            if complete and job.noise is not None else None
-        return Proposal(b, r, choose_ports(b, r.assign, r.moved), current_util, job.now,
+        margin = None
+        if cur is not None and job.noise is not None:
+            margin = cur[1] + _busiest(b.inst, r.assign, job.noise)[1]
+        return Proposal(b, r, choose_ports(b, r.assign, r.moved),
+                        cur[0] if cur is not None else None, job.now,
                         job.reason, job.seq, job.replan, margin, held_back)
 
     def publish(self, p: Proposal) -> Proposal:
@@ -828,18 +839,18 @@ class Planner:
                 "waiting": sorted(i for i in ap.assignments if i not in ap.results)[:100]}
 
 
-def _noise_margin(b: Built, assigns: tuple[list[int], ...], noise: np.ndarray) -> float:
-    """For each placement, the noise of the flows on its busiest link (independent: the
-    root of the sum of squares) over the link's capacity; summed. A gain in max
-    utilisation below it may be the measurement's, not the placement's."""
-    inst = b.inst
-    assert inst is not None
-    out = 0.0
-    for assign in assigns:
-        load, var = solver.arc_sums(inst, assign, inst.demand, noise ** 2)
-        a = int(np.argmax((inst.base + load) / inst.cap))
-        out += math.sqrt(float(var[a])) / float(inst.cap[a])
-    return out
+def _busiest(inst: solver.Instance, assign: list[int],
+             noise: np.ndarray | None) -> tuple[float, float]:
+    """The placement's maximum utilisation and, with `noise`, its noise margin: the noise of
+    the flows on its busiest link (independent: the root of the sum of squares) over the
+    link's capacity. A gain in max utilisation below the two placements' margins summed may
+    be the measurement's, not the placement's."""
+    if noise is None or not len(inst.cap):
+        return solver.max_util(inst, assign), 0.0
+    load, var = solver.arc_sums(inst, assign, inst.demand, noise ** 2)
+    util = (inst.base + load) / inst.cap
+    a = int(np.argmax(util))
+    return float(util[a]), math.sqrt(float(var[a])) / float(inst.cap[a])
 
 
 def _arc_util(b: Built, assign: list[int]) -> dict[int, float]:

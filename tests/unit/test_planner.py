@@ -495,6 +495,44 @@ def test_a_replan_from_the_kept_state_equals_one_from_scratch(sc):
     assert len(kept.moved) == len(fresh.moved)
 
 
+@SETTINGS
+@given(crowded())
+def test_a_replan_after_an_unapplied_plan_starts_from_where_the_flows_are(sc):
+    # the plan leaves the state of the flows' own placement for later (`settle`, from the
+    # planner's tick): a re-plan before that sets it up itself, and either way it decides
+    # as a fresh engine does from the flows' paths
+    topo, flows, pm, health = sc
+    model = Model(topo)
+    b = model.build(flows, pm, health, 0.0)
+    if b.inst is None:
+        return
+    engines = [solver.Engine(), solver.Engine()]
+    for e in engines:
+        e.plan(b.inst, b.current)
+        assert e.placed is None and e.unsettled is not None
+    engines[0].settle()
+    assert engines[0].placed is not None and engines[0].unsettled is None
+    # the fabric link most of the flows' own paths cross fails
+    on: dict[str, int] = {}
+    for p, k in zip(b.paths, b.current):
+        for lid in p[k] if k >= 0 else ():
+            if topo.links[lid].kind == "fabric":
+                on[lid] = on.get(lid, 0) + 1
+    if not on:
+        return
+    b2 = model.build(flows, pm, Health(down={max(sorted(on), key=on.__getitem__)}), 0.0)
+    if b2.inst is None:
+        return
+    fresh = solver.replan(b2.inst, b2.current, budget_s=5.0)
+    for e in engines:
+        got = e.replan(b2.inst, b2.current, budget_s=5.0)
+        assert e.last is not None
+        assert e.last.load == pytest.approx(solver.loads(b2.inst, got.assign).tolist(),
+                                            abs=1e-3)
+        assert got.max_util == pytest.approx(fresh.max_util)
+        assert len(got.moved) == len(fresh.moved)
+
+
 def _same_input(b2, ref) -> None:
     """The same solver input flow by flow (the model keeps each flow's position; a fresh
     build takes the flows' order)."""

@@ -174,6 +174,22 @@ def test_c4_plan_runs_the_optimiser_outside_the_aggregator_lock():
     assert held == [False]
 
 
+def test_the_tick_sets_up_the_unapplied_plans_state_after_the_plan_never_waiting():
+    # a plan leaves the state a re-plan of it unapplied starts from for later: the tick sets
+    # it up, unless the API is planning (it holds `solving`): never waiting for it
+    p, t = planner()
+    learned(p, t)
+    p.proposal = None
+    p.refresh(threading.Lock(), lambda: 3.0, "requested")
+    assert p.engine.unsettled is not None and p.engine.placed is None
+    with p.solving:
+        p.tick(3.1)
+    assert p.engine.unsettled is not None and p.engine.placed is None
+    p.tick(3.2)
+    assert p.engine.unsettled is None and p.engine.placed is not None
+    assert p.engine.placed.assign == p.proposal.built.current  # where the flows are
+
+
 def test_a_proposal_solved_outside_the_lock_never_replaces_a_later_one():
     # a link incident's re-plan (tick, under the lock) lands while the API's older job is
     # being solved: the re-plan stays the proposal
