@@ -39,7 +39,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Callable, Iterator, ParamSpec, Sequence, TypeVar
+from typing import Callable, Iterator, NamedTuple, ParamSpec, Sequence, TypeVar
 
 import highspy
 import numpy as np
@@ -576,12 +576,14 @@ class _State:
         flows that have moved anyway (an ejection chain that saves a move)."""
         level = self.max_util()
         limit = level + max(EPS, level * 1e-9)
-        self._return_bulk(prev, limit)
+        if self._return_bulk(prev, limit):
+            todo: deque[int] = deque()  # at its fixed point: no moved flow fits back
+        else:
+            todo = deque(f for f in sorted(self.touched)
+                         if prev[f] >= 0 and self.assign[f] != prev[f])
         # a flow that cannot go back is tried again only when a return frees one of the arcs
         # it needs (loads elsewhere only rise): one pass plus the flows a return may help,
         # not passes over every moved flow until none returns
-        todo = deque(f for f in sorted(self.touched)
-                     if prev[f] >= 0 and self.assign[f] != prev[f])
         waiting: dict[int, list[int]] = {}  # arc -> moved flows whose previous path uses it
         for f in todo:
             for a in self.var[f][prev[f]]:
@@ -679,15 +681,16 @@ class _State:
                     out.update(self.on[a])
         return sorted(f for f in out if self.assign[f] == prev[f])
 
-    def _return_bulk(self, prev: Sequence[int], limit: float) -> None:
+    def _return_bulk(self, prev: Sequence[int], limit: float) -> bool:
         """restore's single returns in array steps, for a plan that moved thousands of flows:
         each round, every moved flow whose previous path fits under `limit` at the present
         loads goes back unless a flow before it returns onto one of the same arcs (it may fit
         in the next round: returns only free the arcs they leave). Ends where no moved flow
-        fits, as the sequential returns do."""
+        fits, as the sequential returns do (each round's first flow always goes back: True;
+        False when the moved flows are too few for it)."""
         moved = [f for f in sorted(self.touched) if prev[f] >= 0 and self.assign[f] != prev[f]]
         if len(moved) < BULK:
-            return
+            return False
         pad = len(self.inv)
         B = _padded([self.var[f][prev[f]] for f in moved], pad)
         C = _padded([self.var[f][self.assign[f]] for f in moved], pad)
@@ -716,13 +719,14 @@ class _State:
             left[go] = False
         gone = np.flatnonzero(~left).tolist()
         if not gone:
-            return
+            return True
         for i in gone:
             self.assign[moved[i]] = prev[moved[i]]
         self.load = load[:pad].tolist()
         self.arr, self.dirty = None, set()
         self.on = _On()
         self._index([f for f, k in enumerate(self.assign) if k >= 0])
+        return True
 
     # -- large neighbourhoods (HiGHS) -------------------------------------------------------
     def hood(self, seeds: Sequence[int], size: int, level: float | None = None) -> list[int]:
@@ -782,12 +786,12 @@ class _State:
                     break
             got = sub_milp(self, self.hood(list(seeds), size), None, None, True,
                            deadline, hold=top)
-            if got is None or got[0] >= top - EPS:
+            if got.value is None or got.value >= top - EPS:
                 if size >= HOOD:
                     break
                 size = HOOD
                 continue
-            self.reassign(got[1])
+            self.reassign(got.assign)
             self.improve(deadline)
             changed = True
         if prev is not None and changed:  # else restore's fixed point holds (66 ms at 32k flows)
@@ -804,8 +808,8 @@ class _State:
         # 1,024 GPUs); without it, 0.1-0.3 s
         got = sub_milp(self, range(self.inst.flows), bound, None, True, deadline,
                        presolve=False)
-        if got is not None:
-            self.reassign(got[1])
+        if got.found:
+            self.reassign(got.assign)
             if prev is not None:
                 self.restore(prev)
 
@@ -824,11 +828,11 @@ class _State:
             if free is None:
                 free = self.hood(moved, max(4 * len(moved), HOOD if wide else 400), level)
         got = sub_milp(self, free, level, prev, True, deadline)
-        if got is None:
+        if not got.found:
             return
-        journal = [(f, self.assign[f]) for f in got[1]]
+        journal = [(f, self.assign[f]) for f in got.assign]
         before = len(moved)
-        self.reassign(got[1])
+        self.reassign(got.assign)
         if len(self.moved(prev)) >= before or self.max_util() > level + EPS:
             self.reassign(dict(journal))  # not better after all (rounding): keep the moves
 
@@ -1249,11 +1253,26 @@ def replan(inst: Instance, prev: Sequence[int], budget_s: float = 0.1,
 
 
 # -- MILPs (HiGHS) ----------------------------------------------------------------------------
+class Milp(NamedTuple):
+    """What `sub_milp` got: HiGHS's model status (`Optimal`, `Infeasible`, `Time limit
+    reached`, ...; `no time` where the deadline left none to set the model up), the value
+    (None: no solution), each free flow's candidate (integral only) and whether the value is
+    proven optimal."""
+
+    status: str
+    value: float | None
+    assign: dict[int, int]
+    optimal: bool
+
+    @property
+    def found(self) -> bool:
+        return self.value is not None
+
+
 def sub_milp(st: _State, free: Sequence[int], level: float | None,
              prev: Sequence[int] | None, integral: bool, deadline: float,
              hold: float | None = None, warm_start: bool = True,
-             presolve: bool = True,
-             status: list[str] | None = None) -> tuple[float, dict[int, int], bool] | None:
+             presolve: bool = True) -> Milp:
     """Re-place the flows in `free` over their candidates, every other flow where it is.
     `level` None: minimise the maximum utilisation (returned); with `hold`, arcs the fixed
     flows alone keep at `hold` or above only must not rise above it and are left out of the
@@ -1262,11 +1281,11 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     prev -1 counts as moved). Flows with the same candidate list, demand (integral) and
     previous path are one integer class. Returns the value (the maximum over the arcs the
     free flows may use, or the number of moves), each free flow's candidate (integral only)
-    and whether HiGHS proved it optimal; None when it finds no solution by `deadline`
-    (perf_counter; setting the model up counts). `warm_start`: hand HiGHS the flows' present
+    and whether HiGHS proved it optimal (`Milp`; no value when it finds no solution by
+    `deadline`, perf_counter, setting the model up counted). `warm_start`: hand HiGHS the flows' present
     candidates as a first solution (when every free flow has one)."""
     if not free or deadline - time.perf_counter() < SETUP * sum(len(st.var[f]) for f in free):
-        return None  # HiGHS checks its time limit only once the model is set up
+        return Milp("no time", None, {}, False)  # HiGHS checks its limit once set up
     inst = st.inst
     scale = 1.0 / float(np.max(inst.cap))
     cap = inst.cap * scale
@@ -1352,11 +1371,10 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
         sol.col_value = warm
         h.setSolution(sol)
     h.run()
-    if h.getInfo().primal_solution_status != 2:  # no feasible point
-        if status is not None:  # why: "Infeasible" (proved) or a limit
-            status.append(h.modelStatusToString(h.getModelStatus()))
-        return None
-    optimal = h.modelStatusToString(h.getModelStatus()) == "Optimal"
+    status = h.modelStatusToString(h.getModelStatus())
+    if h.getInfo().primal_solution_status != 2:  # no feasible point: proved, or a limit
+        return Milp(status, None, {}, False)
+    optimal = status == "Optimal"
     x = h.getSolution().col_value
     reported = float(h.getInfo().objective_function_value)
     if started and abs(float(np.dot(cost, x)) - reported) > 1e-6 * max(1.0, abs(reported)):
@@ -1366,7 +1384,7 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
                         presolve=presolve)
     obj = reported + (0 if minmax else len(free))
     if not integral:
-        return obj, {}, optimal
+        return Milp(status, obj, {}, optimal)
     new: dict[int, int] = {}
     x = x[1:] if minmax else x
     by_class: dict[int, list[tuple[int, int]]] = {}
@@ -1377,7 +1395,7 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
     for members in classes.values():
         want = dict(by_class.get(id(members), []))
         if sum(want.values()) != len(members):
-            return None
+            return Milp("rounding: a class's columns do not add up", None, {}, False)
         rest_m = []
         for f in members:  # members that may stay, stay
             k = st.assign[f]
@@ -1388,14 +1406,14 @@ def sub_milp(st: _State, free: Sequence[int], level: float | None,
                 rest_m.append(f)
         ks = [k for k, n in want.items() for _ in range(n)]
         new.update(zip(rest_m, ks))
-    return obj, new, optimal
+    return Milp(status, obj, new, optimal)
 
 
 def _bound(inst: Instance, integral: bool, time_limit: float) -> float | None:
     st = Engine().state(inst)
     got = sub_milp(st, range(inst.flows), None, None, integral,
                    time.perf_counter() + time_limit)
-    return max(got[0], st.fixed_util) if got is not None and got[2] else None
+    return max(got.value, st.fixed_util) if got.optimal and got.value is not None else None
 
 
 def lp_bound(inst: Instance, time_limit: float = 60.0) -> float | None:
@@ -1419,12 +1437,11 @@ def best_known(inst: Instance, assign: Sequence[int], step: float,
     while True:
         t0 = time.perf_counter()
         top = st.max_util()
-        why: list[str] = []
         got = sub_milp(st, range(inst.flows), top - step, None, True, t0 + time_limit,
-                       presolve=False, warm_start=False, status=why)
-        if got is None:
-            return top, why == ["Infeasible"]
-        st.reassign(got[1])
+                       presolve=False, warm_start=False)
+        if not got.found:
+            return top, got.status == "Infeasible"
+        st.reassign(got.assign)
         if st.max_util() > top - step + EPS:  # within HiGHS's tolerance only
             return top, False
 
@@ -1494,12 +1511,12 @@ def min_moves(inst: Instance, prev: Sequence[int], level: float,
     st.place_all(prev)
     deadline = time.perf_counter() + time_limit
     got = sub_milp(st, range(inst.flows), level, prev, True, deadline)
-    if got is None or not got[2]:
+    if not got.optimal or got.value is None:
         return None
     if inst.flows <= CHECKED:
         # HiGHS 1.16's presolve once proved 11 moves optimal where 10 do (the re-plan found
         # them; without presolve HiGHS finds them too): the fewer of both proven counts
         again = sub_milp(st, range(inst.flows), level, prev, True, deadline, presolve=False)
-        if again is not None and again[2]:
-            return int(round(min(got[0], again[0])))
-    return int(round(got[0]))
+        if again.optimal and again.value is not None:
+            return int(round(min(got.value, again.value)))
+    return int(round(got.value))
