@@ -325,8 +325,14 @@ def flap(state_dir: Path, fid: int, link: str, down_s: float, up_s: float,
         while not stop and time.monotonic() < end:
             time.sleep(0.05)
 
+    def phase(what: str) -> None:
+        # each transition with its wall-clock time, in the fault's log: what the fault did,
+        # where the truth file only says when it began and ended
+        print(json.dumps({"t": round(time.time(), 3), "link": link, "phase": what}), flush=True)
+
     while not stop:
         _set_state(w, False, ends)
+        phase("down")
         withdrawn = converge_s < down_s
         if withdrawn:
             sleep(converge_s)
@@ -337,7 +343,9 @@ def flap(state_dir: Path, fid: int, link: str, down_s: float, up_s: float,
         sleep(down_s - (converge_s if withdrawn else 0.0))
         mark.unlink(missing_ok=True)
         _set_state(w, True, ends)
+        phase("up")
         reroute()  # admin down flushed the routes through it, withdrawn or not
+        phase("rerouted")
         sleep(up_s)
     mark.unlink(missing_ok=True)
 

@@ -4,6 +4,7 @@ not on what C4D makes of them: a check on the judge itself (the lab's 1 s flaps 
 2 leaves, 2 spines) per test, removed whatever the test did."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -195,7 +196,7 @@ def test_a_flap_is_down_for_its_down_phases(small: LabState) -> None:
     fab = small.fabric()
     link = next(lk for lk in fab.wires if fab.topology.links[lk].kind == "fabric")
     w = fab.wires[link]
-    faults.inject(small, "flap", link, {"down_s": 1.0, "up_s": 1.0})
+    fid = faults.inject(small, "flap", link, {"down_s": 1.0, "up_s": 1.0})["id"]
     down = {w.a.ns: 0, w.b.ns: 0}
     samples = 0
     with netns.open_ns(w.a.ns) as ia, netns.open_ns(w.b.ns) as ib:
@@ -208,3 +209,10 @@ def test_a_flap_is_down_for_its_down_phases(small: LabState) -> None:
             time.sleep(0.02)
     for ns, n in down.items():
         assert 0.3 <= n / samples <= 0.7, (ns, n, samples)
+    # the flap logs each phase with its time: the record of what the judge did
+    log = (small.dir / "logs" / f"fault{fid}.log").read_text().splitlines()
+    phases = [json.loads(line) for line in log if line.startswith("{")]
+    downs = [p["t"] for p in phases if p["phase"] == "down"]
+    ups = [p["t"] for p in phases if p["phase"] == "up"]
+    assert len(downs) >= 3 and {p["link"] for p in phases} == {link}
+    assert all(0.9 <= u - d <= 1.5 for d, u in zip(downs, ups)), (downs, ups)
