@@ -23,6 +23,7 @@ single out names the fault; legs that see nothing vote for nothing (docs/diagnos
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
@@ -110,10 +111,11 @@ class Prober:
 # bucket (500/s, all its probes) and a switch's ICMP policer allow
 MEASURE_COUNT = 400
 ROUND_S = 4.0  # a leg is measured again about this often while its path finding lasts ...
-# ... each gap stretched by 0.75-1.25 in a low-discrepancy sequence: rounds at a fixed period
-# sample a periodic fault at one phase (the lab's 1 s down / 3 s up flap, measured every 4 s,
-# lost 0-5 of 400 per round: its down phases fell between rounds)
-GOLDEN = 0.6180339887
+# ... each gap drawn over 0.5-1.5 of it, per leg and round (seeded: a replay asks as live did).
+# Rounds at a fixed period sample a periodic fault at one phase (the lab's 1 s down / 3 s up
+# flap, measured every 4 s, lost 0-5 of 400 a round: its down phases fell between rounds),
+# and so did gaps spread over 0.75-1.25 by a fixed sequence: asked at the 1 s ticks they
+# came 4 or 5 s apart and held a flap of 4.3 s in its up phases for 30 s (fixture 29)
 WINDOW_S = 60.0  # rounds older than this no longer vote
 MIN_ROUNDS = 2  # rounds a leg needs before it votes
 MIN_LOST = 3  # lost datagrams, in at least MIN_ROUNDS rounds, before a leg is lossy ...
@@ -424,7 +426,7 @@ class Measuring:
         for leg in [*legs, *dict.fromkeys(b for b in bases.values() if b not in legs)]:
             st = self.legs.setdefault(leg, _Rounds())
             # an answer lost on the way (agent restarted) holds a leg for 3 rounds at most
-            gap = ROUND_S * (0.75 + 0.5 * (st.n * GOLDEN % 1.0))
+            gap = ROUND_S * (0.5 + random.Random(f"{leg}|{st.n}").random())
             if now - st.asked >= (3 * ROUND_S if st.pending else gap):
                 st.asked = now
                 st.n += 1

@@ -317,3 +317,49 @@ def test_a_tie_between_two_leaf_pairs_measures_both(tmp_path):
     assert [i["suspects"][0]["id"] for i in named] == ["leaf01-spine00"], \
         [i["summary"] for i in incidents]
     assert named[0]["localised"] - (truth["epoch"] + truth["faults"][0]["start"]) <= 30
+
+
+class FlappingLink(LossyLink):
+    """The agents' measurements where one cable flaps: down `down_s` of every `period_s`
+    from `onset` (replay clock). A round sends its datagrams at the agent's pace from the
+    ask; one sent in a down phase is answered by the other spine (its leaf drops the dead
+    nexthop at once), which the leg does not count."""
+
+    def __init__(self, topo, cable: str, onset: float, period_s: float, down_s: float) -> None:
+        super().__init__(topo, cable, 0.0)
+        self.onset, self.period_s, self.down_s = onset, period_s, down_s
+
+    def measure(self, leg, count: int, now: float) -> bool:
+        from c4.agent.probe import MEASURE_PPS
+        from c4.aggregator.diagnosis.probes import LegResult, leg_links
+
+        crosses = any(c.startswith(f"{self.cable}=>") for c in leg_links(self.topo, leg))
+        lost = sum(1 for i in range(count) if crosses and now + i / MEASURE_PPS >= self.onset
+                   and (now + i / MEASURE_PPS - self.onset) % self.period_s < self.down_s)
+        self.due.append((now + count / MEASURE_PPS, leg,
+                         LegResult(count, count - lost, 0.1, 0.2)))
+        return True
+
+
+def test_measuring_rounds_do_not_alias_with_a_flap(tmp_path):
+    """29-flap-leaf00-spine01-measured-aliased (bench/lab, 2026-12-08, C4P applying): every
+    connection that timed out crossed node000's cable and leaf00-spine01, a tie the legs
+    had to separate; the live legs measured 400 of 400 in every round for 30 s and nothing
+    was named. The flap (1 s down in every 4.3 s, its phase log in a rerun) fell between
+    rounds asked 4 or 5 s apart: the gaps, spread over 3-5 s by a fixed sequence, came to
+    the aggregator's 1 s ticks as 5, 4, 5, 4, 4, 5, ... and held the rounds' phase in the
+    flap's up phases. Gaps drawn per leg and round over 2-6 s sample every phase."""
+    from c4.aggregator.config import AggregatorConfig
+    from c4.core.topology import Topology
+    from tests.unit.test_diag_outage import LAB, unpack
+
+    rec, truth = unpack("29-flap-leaf00-spine01-measured-aliased", tmp_path)
+    topo = Topology.load(LAB / "topology.json")
+    onset = truth["epoch"] + truth["faults"][0]["start"]
+    incidents = replay(rec, cfg=AggregatorConfig(diagnosis=truth["diagnosis"]), topology=topo,
+                       measurer=FlappingLink(topo, "leaf00-spine01", onset, 4.3, 1.0)).incidents
+    named = [i for i in incidents if i["localised"]]
+    assert [i["suspects"][0]["id"] for i in named] == ["leaf00-spine01"], \
+        [i["summary"] for i in incidents]
+    assert named[0]["evidence"]["probe"]["named"] == "leaf00-spine01"
+    print(f"named {named[0]['localised'] - onset:.1f} s after the onset")
