@@ -396,8 +396,11 @@ class Planner:
                 self.apply(now)
         self.pathmap.expire(now)
         self._probe(now)
-        # what a re-plan of an unapplied plan starts from, set up once the plan is out (never
-        # waiting for a plan the API is making outside the aggregator's lock)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Set up what a re-plan of an unapplied plan starts from, once the plan is out
+        (`Engine.settle`): never waiting while the API plans outside the aggregator's lock."""
         if self.solving.acquire(blocking=False):
             try:
                 self.engine.settle()
@@ -666,9 +669,8 @@ class Planner:
                    held_back)
 
     # the split of a first plan's candidate lists allocates as the build does: with the
-    # collector running (and the noise margin gathering paths twice) a fresh aggregator's
-    # first 16,384-GPU proposal took 1.81-1.94 s, 1.38-1.40 s now (bench/planner --case jobs
-    # --gpus 16384, service_plan_ms)
+    # collector running it took a fresh aggregator's first proposal a quarter longer
+    # (bench/planner's service_plan_ms, docs/benchmarks.md 2026-12-07)
     @solver.without_gc
     def solve(self, job: Job) -> Proposal:
         """A proposal for `job`. Reads nothing the aggregator's lock guards (the input is
@@ -691,8 +693,8 @@ class Planner:
                                          np.maximum(b.inst.demand, 1e-12), job.noise)
                 b.inst = dataclasses.replace(b.inst, demand=demand)
                 held_back = {b.keys[f]: float(demand[f]) for f in np.flatnonzero(back)}
-            # the current placement's loads, and its noise where a margin is wanted (one
-            # pass over 32,768 paths costs ~25 ms)
+            # the current placement's maximum, and its noise where a margin is wanted: one
+            # pass over its paths for both
             cur = _busiest(b.inst, b.current, job.noise) if complete else None
             if job.replan:
                 # restore the utilisation the last proposal or plan reached, moving little
@@ -733,6 +735,7 @@ class Planner:
             p = self.solve(job)
             with lock:
                 self.publish(p)
+            self._settle()  # outside the lock too, as the plan was
 
     def stale(self, now: float) -> bool:
         """Whether `view` would propose again (none, or older than `interval_s`)."""

@@ -1052,9 +1052,10 @@ class Engine:
         kept: list[tuple[int, bool]] = []
         if self.last is not None and len(self.last.inst.cap) == len(inst.cap):
             kept.append((differ(self.last.assign), False))
-        was = self.unsettled or (self.placed and (self.placed.inst, self.placed.assign))
-        if was and len(was[0].cap) == len(inst.cap):
-            kept.append((differ(was[1]), True))
+        placement = self.unsettled if self.placed is None else \
+            (self.placed.inst, self.placed.assign)
+        if placement is not None and len(placement[0].cap) == len(inst.cap):
+            kept.append((differ(placement[1]), True))
         st = None
         if kept and not min(kept)[1]:
             st = self.last

@@ -533,6 +533,14 @@ def test_a_replan_after_an_unapplied_plan_starts_from_where_the_flows_are(sc):
         assert len(got.moved) == len(fresh.moved)
 
 
+def _current_is_its_ports_path(b, pm: PathMap, now: float) -> None:
+    """Each planned flow's current candidate is the path the path map gives its own port
+    (the model reads it from its pair's ports instead)."""
+    for f, fl in enumerate(b.flows):
+        path = pm.path(fl.key, fl.sport, now)
+        assert b.current[f] == (b.paths[f].index(path) if path in b.paths[f] else -1)
+
+
 def _same_input(b2, ref) -> None:
     """The same solver input flow by flow (the model keeps each flow's position; a fresh
     build takes the flows' order)."""
@@ -577,6 +585,7 @@ def test_model_given_what_changed_agrees_with_a_fresh_build_and_the_engine_follo
         changed.add(k)
     b2 = model.build(live, pm, health, 1.0, changed=changed)
     _same_input(b2, build(topo, list(live.values()), pm, health, 1.0))
+    _current_is_its_ports_path(b2, pm, 1.0)
     if b2.inst is None:
         return
     kept = engine.replan(b2.inst, b2.current, budget_s=5.0)
@@ -602,6 +611,7 @@ def test_model_rebuilds_only_what_changed_and_agrees_with_a_fresh_build(sc, data
                   x.demand * (2 if x is fl else 1)) for x in flows]
     b2 = model.build(flows, pm, health, 1.0)
     _same_input(b2, build(topo, flows, pm, health, 1.0))
+    _current_is_its_ports_path(b2, pm, 1.0)
     # a pair nothing happened to hands the solver the very same list (its split is kept)
     touched = {(fl.src, fl.dst)} | {(x.src, x.dst) for x in flows
                                     if health.down.intersection(

@@ -219,6 +219,22 @@ def test_a_held_back_flow_is_planned_at_its_nics_share_and_a_small_one_at_its_ra
     assert d.tolist() == pytest.approx([2.0, 0.5, 0.05])
 
 
+def test_a_jobs_flows_at_its_held_flows_pace_are_held_back_with_it():
+    # flow 0 is held on a full link (0.5 of 1.0 beside flow 1); job a's flows 2-4 are off
+    # it: at least LARGEST (0.8) of the job's pace (0.5) is that pace, held too (flow 2);
+    # slower is the application's (flow 3), or its path unknown (flow 4); another job's
+    # (flow 5) and a flow of none (flow 6) at the same rate keep their measured demand
+    cap = np.array([9.0] * 7 + [1.0, 9.0])
+    cand = [[(i, 7), (i, 8)] for i in range(7)]
+    demand = np.array([0.5, 0.5, 0.45, 0.3, 0.45, 0.45, 0.45])
+    inst = Instance(cap, demand, cand)
+    jobs = ["a", None, "a", "a", "a", "b", None]
+    current = [0, 0, 1, 1, -1, 1, 1]
+    d, held = elastic(inst, current, [s[0] for s in Engine().splits(inst.cand)], jobs)
+    assert held.tolist() == [True, True, True, False, False, False, False]
+    assert d[[3, 4, 5, 6]].tolist() == [0.3, 0.45, 0.45, 0.45]
+
+
 def test_no_full_link_leaves_every_measured_rate_as_the_demand():
     inst = Instance(np.array([2.0, 1.0, 1.0]), np.array([0.3, 0.4]),
                     [[(0, 1), (0, 2)], [(0, 1), (0, 2)]])

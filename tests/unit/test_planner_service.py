@@ -174,20 +174,34 @@ def test_c4_plan_runs_the_optimiser_outside_the_aggregator_lock():
     assert held == [False]
 
 
-def test_the_tick_sets_up_the_unapplied_plans_state_after_the_plan_never_waiting():
-    # a plan leaves the state a re-plan of it unapplied starts from for later: the tick sets
-    # it up, unless the API is planning (it holds `solving`): never waiting for it
+def test_the_state_for_a_replan_of_an_unapplied_plan_is_set_up_after_the_plan_out_of_the_lock():
+    # a plan leaves the state a re-plan of it unapplied starts from for after its result is
+    # out: the API (`refresh`) sets it up outside the aggregator's lock, as it planned; the
+    # tick after its own plan, never waiting while the API holds the optimiser (`solving`)
     p, t = planner()
     learned(p, t)
     p.proposal = None
-    p.refresh(threading.Lock(), lambda: 3.0, "requested")
-    assert p.engine.unsettled is not None and p.engine.placed is None
+    lock = threading.Lock()
+    held: list[bool] = []
+    settle = p.engine.settle
+
+    def watched() -> None:
+        held.append(lock.locked())
+        settle()
+
+    p.engine.settle = watched  # type: ignore[method-assign]
+    p.refresh(lock, lambda: 3.0, "requested")
+    assert held == [False]
+    assert p.engine.unsettled is None and p.engine.placed is not None
+    assert p.engine.placed.assign == p.proposal.built.current  # where the flows are
+    p.engine.placed = None
+    p.propose(3.1, "periodic")
+    assert p.engine.unsettled is not None
     with p.solving:
         p.tick(3.1)
     assert p.engine.unsettled is not None and p.engine.placed is None
     p.tick(3.2)
     assert p.engine.unsettled is None and p.engine.placed is not None
-    assert p.engine.placed.assign == p.proposal.built.current  # where the flows are
 
 
 def test_a_proposal_solved_outside_the_lock_never_replaces_a_later_one():
